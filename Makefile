@@ -1,0 +1,44 @@
+# Reaper. `make replay` runs the demo on a local stack; `make test` runs every
+# test. Both install or build what they need first (hack/setup.sh, cached in
+# ~/.cache/reaper).
+
+FUNCTIONS := exitrecorder statechange sweeper
+GOARCH    ?= arm64
+SETUP     := eval "$$(hack/setup.sh)"
+GOFLAGS_LAMBDA := -trimpath -tags lambda.norpc -ldflags="-s -w"
+
+.PHONY: all setup build test lint replay invoke bench clean
+
+all: build
+
+setup:
+	@hack/setup.sh >/dev/null
+
+# build/<name>/bootstrap for each function: what the CDK assets and
+# `sam local invoke` use. `make build GOARCH=amd64` for local runs.
+build:
+	@for fn in $(FUNCTIONS); do \
+		if [ -d functions/$$fn ]; then \
+			echo "build build/$$fn/bootstrap ($(GOARCH))"; \
+			CGO_ENABLED=0 GOOS=linux GOARCH=$(GOARCH) go build $(GOFLAGS_LAMBDA) -o build/$$fn/bootstrap ./functions/$$fn || exit 1; \
+		fi; \
+	done
+
+lint: setup
+	@$(SETUP) && test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	go vet ./...
+	@$(SETUP) && "$$REAPER_STATICCHECK" ./...
+
+test: setup build lint
+	@$(SETUP) && go test -count=1 ./...
+
+# The demo: 30 Pods whose containers exit, replayed through the exitrecorder
+# under the Lambda runtime interface emulator against a local stack.
+replay: setup
+	@$(SETUP) && go run ./cmd/reaper replay
+
+bench: setup
+	@$(SETUP) && go test -run '^$$' -bench . -benchmem -benchtime 1x ./bench/...
+
+clean:
+	rm -rf build cdk.out

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Installs or builds everything the local stack, the tests and `make replay` need,
+# and prints the environment that points at it. Idempotent and cached outside the
+# clone (REAPER_CACHE, default ~/.cache/reaper): a warm run takes about a second.
+#
+# Usage: eval "$(hack/setup.sh)"   (progress goes to stderr, exports to stdout)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${REAPER_CACHE:-$HOME/.cache/reaper}
+bin=$cache/bin
+mkdir -p "$bin"
+
+KUBE_VERSION=v1.37.2
+RIE_VERSION=v0.0.0-20261030222936-bef5c4ba774d
+STATICCHECK_VERSION=v0.8.2
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+# Debian packages: etcd for the apiserver, shellcheck for rendered user-data.
+need_apt=()
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  say "installing Debian packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >&2
+fi
+# The Debian package starts a system etcd on the default ports; the stack runs
+# its own on free ports, so that one only has to stay out of the way.
+
+# kube-apiserver, built from k8s.io/kubernetes in its own module.
+kas=$bin/kube-apiserver-$KUBE_VERSION
+if [ ! -x "$kas" ]; then
+  say "building kube-apiserver $KUBE_VERSION (first time: about 6 minutes on 2 cores)"
+  ldflags="-s -w"
+  for v in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags="$ldflags -X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=37 -X $v.gitTreeState=clean"
+  done
+  (cd "$root/tools/kube-apiserver" && go build -trimpath -ldflags "$ldflags" -o "$kas.tmp" .)
+  mv "$kas.tmp" "$kas"
+fi
+
+# Go tools: the Lambda runtime interface emulator and staticcheck.
+if [ ! -x "$bin/aws-lambda-rie" ]; then
+  say "installing aws-lambda-rie"
+  GOBIN=$bin go install "github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@$RIE_VERSION"
+fi
+if [ ! -x "$bin/staticcheck-$STATICCHECK_VERSION" ]; then
+  say "installing staticcheck $STATICCHECK_VERSION"
+  tmp=$(mktemp -d)
+  GOBIN=$tmp go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+  mv "$tmp/staticcheck" "$bin/staticcheck-$STATICCHECK_VERSION"
+  rmdir "$tmp"
+fi
+
+# Node tools: dynalite and the CDK CLI, pinned by tools/node/package-lock.json.
+lock_sum=$(cat "$root/tools/node/package.json" "$root/tools/node/package-lock.json" | sha256sum | cut -c1-16)
+node_dir=$cache/node-$lock_sum
+if [ ! -d "$node_dir/node_modules" ]; then
+  say "installing dynalite and the CDK CLI with npm"
+  rm -rf "$node_dir.tmp"
+  mkdir -p "$node_dir.tmp"
+  cp "$root/tools/node/package.json" "$root/tools/node/package-lock.json" "$node_dir.tmp/"
+  (cd "$node_dir.tmp" && npm ci --no-audit --no-fund --loglevel=error >&2)
+  rm -rf "$node_dir"
+  mv "$node_dir.tmp" "$node_dir"
+fi
+
+cat <<ENV
+export REAPER_KUBE_APISERVER='$kas'
+export REAPER_ETCD='$(command -v etcd)'
+export REAPER_DYNALITE='$node_dir/node_modules/dynalite/cli.js'
+export REAPER_RIE='$bin/aws-lambda-rie'
+export REAPER_CDK='$node_dir/node_modules/.bin/cdk'
+export REAPER_STATICCHECK='$bin/staticcheck-$STATICCHECK_VERSION'
+export REAPER_SHELLCHECK='$(command -v shellcheck)'
+ENV

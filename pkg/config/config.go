@@ -1,0 +1,144 @@
+// Package config reads Reaper's settings from the environment. A bad or
+// missing setting is one clear error at init, never a surprise later.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/instances"
+)
+
+// Config is every knob, with its environment variable in the comment.
+type Config struct {
+	// Table is the ledger table (REAPER_TABLE, required).
+	Table string
+	// DryRun decides and logs, changes nothing (REAPER_DRY_RUN, default false).
+	DryRun bool
+	// ExitWait is how long after an instance is gone a late exit line still
+	// wins (REAPER_EXIT_WAIT, default 3m).
+	ExitWait time.Duration
+	// OrphanGrace is how old a managed instance with no live Pod must be
+	// before the sweep terminates it (REAPER_ORPHAN_GRACE, default 15m).
+	OrphanGrace time.Duration
+	// TerminateStopped terminates managed instances that stop
+	// (REAPER_TERMINATE_STOPPED, default true).
+	TerminateStopped bool
+	// Tags are the instance tag keys (REAPER_TAG_MANAGED,
+	// REAPER_TAG_POD_NAMESPACE, REAPER_TAG_POD_NAME, REAPER_TAG_POD_UID).
+	Tags instances.TagKeys
+	// Kube says how to reach the Kubernetes API: exactly one of
+	// REAPER_EKS_CLUSTER, REAPER_KUBECONFIG_SECRET or KUBECONFIG.
+	Kube KubeAccess
+	// LogLevel is debug, info, warn or error (REAPER_LOG_LEVEL, default info).
+	LogLevel slog.Level
+}
+
+// KubeAccess is how to reach the Kubernetes API.
+type KubeAccess struct {
+	// EKSCluster is an EKS cluster name: endpoint and CA from
+	// DescribeCluster, an IAM token for auth.
+	EKSCluster string
+	// KubeconfigSecret is a Secrets Manager id holding a kubeconfig.
+	KubeconfigSecret string
+	// Kubeconfig is a kubeconfig file path (local runs).
+	Kubeconfig string
+}
+
+// Defaults of the optional settings.
+const (
+	DefaultExitWait    = 3 * time.Minute
+	DefaultOrphanGrace = 15 * time.Minute
+)
+
+// FromEnv reads the configuration through getenv (os.Getenv in handlers).
+func FromEnv(getenv func(string) string) (Config, error) {
+	c := Config{
+		Table:            getenv("REAPER_TABLE"),
+		ExitWait:         DefaultExitWait,
+		OrphanGrace:      DefaultOrphanGrace,
+		TerminateStopped: true,
+		Tags:             instances.DefaultTagKeys(),
+		Kube: KubeAccess{
+			EKSCluster:       getenv("REAPER_EKS_CLUSTER"),
+			KubeconfigSecret: getenv("REAPER_KUBECONFIG_SECRET"),
+			Kubeconfig:       getenv("KUBECONFIG"),
+		},
+	}
+	var errs []error
+	if c.Table == "" {
+		errs = append(errs, errors.New("REAPER_TABLE is not set (the ledger table name)"))
+	}
+	errs = append(errs,
+		parse(getenv, "REAPER_DRY_RUN", &c.DryRun, strconv.ParseBool),
+		parse(getenv, "REAPER_TERMINATE_STOPPED", &c.TerminateStopped, strconv.ParseBool),
+		parse(getenv, "REAPER_EXIT_WAIT", &c.ExitWait, positiveDuration),
+		parse(getenv, "REAPER_ORPHAN_GRACE", &c.OrphanGrace, positiveDuration),
+		parse(getenv, "REAPER_LOG_LEVEL", &c.LogLevel, logLevel),
+	)
+	for _, t := range []struct {
+		name string
+		key  *string
+	}{
+		{"REAPER_TAG_MANAGED", &c.Tags.Managed},
+		{"REAPER_TAG_POD_NAMESPACE", &c.Tags.PodNamespace},
+		{"REAPER_TAG_POD_NAME", &c.Tags.PodName},
+		{"REAPER_TAG_POD_UID", &c.Tags.PodUID},
+	} {
+		if v := getenv(t.name); v != "" {
+			*t.key = v
+		}
+	}
+	switch n := count(c.Kube.EKSCluster, c.Kube.KubeconfigSecret); {
+	case n > 1:
+		errs = append(errs, errors.New("set only one of REAPER_EKS_CLUSTER and REAPER_KUBECONFIG_SECRET"))
+	case n == 0 && c.Kube.Kubeconfig == "":
+		errs = append(errs, errors.New("no Kubernetes access: set REAPER_EKS_CLUSTER, REAPER_KUBECONFIG_SECRET or KUBECONFIG"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, fmt.Errorf("configuration: %s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return c, nil
+}
+
+// parse sets *dst from the variable when it is set.
+func parse[T any](getenv func(string) string, name string, dst *T, conv func(string) (T, error)) error {
+	raw := getenv(name)
+	if raw == "" {
+		return nil
+	}
+	v, err := conv(raw)
+	if err != nil {
+		return fmt.Errorf("%s=%q: %v", name, raw, err)
+	}
+	*dst = v
+	return nil
+}
+
+func positiveDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err == nil && d <= 0 {
+		err = errors.New("must be positive")
+	}
+	return d, err
+}
+
+func logLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
+
+func count(values ...string) int {
+	n := 0
+	for _, v := range values {
+		if v != "" {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,94 @@
+package exitline
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-lambda-go/events"
+)
+
+const good = `{"reaper":"container-exit","v":1,"instanceId":"i-0123456789abcdef0","podNamespace":"ml","podName":"train-0","podUID":"6b9a1c2e-0000-4000-8000-000000000001","container":"main","containerId":"3f2a","exitCode":0,"oomKilled":false,"startedAt":"2026-11-30T06:00:00.123456789Z","finishedAt":"2026-11-30T07:00:00.5Z","restartCount":0}`
+
+func TestParse(t *testing.T) {
+	l, err := Parse([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.InstanceID != "i-0123456789abcdef0" || l.PodName != "train-0" || l.ExitCode != 0 || l.FinishedAt.Nanosecond() != 500000000 {
+		t.Fatalf("parsed %+v", l)
+	}
+	withExtra := strings.Replace(good, `"restartCount":0`, `"restartCount":2,"willRestart":true,"backoffSeconds":20,"futureField":"x"`, 1)
+	if l, err = Parse([]byte(withExtra)); err != nil || !l.WillRestart || l.RestartCount != 2 || l.BackoffSeconds != 20 {
+		t.Fatalf("optional fields: %+v %v", l, err)
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	for name, tc := range map[string]struct{ line, want string }{
+		"not json":        {`exit 0`, "not an exit line"},
+		"other kind":      {strings.Replace(good, `"container-exit"`, `"heartbeat"`, 1), `reaper is "heartbeat"`},
+		"version 2":       {strings.Replace(good, `"v":1`, `"v":2`, 1), "unsupported version v=2"},
+		"bad instance":    {strings.Replace(good, `i-0123456789abcdef0`, `host-7`, 1), `instanceId "host-7"`},
+		"no pod uid":      {strings.Replace(good, `"podUID":"6b9a1c2e-0000-4000-8000-000000000001"`, `"podUID":""`, 1), "podUID is missing"},
+		"exit code range": {strings.Replace(good, `"exitCode":0`, `"exitCode":300`, 1), "out of range"},
+		"unknown no why":  {strings.Replace(good, `"exitCode":0`, `"exitCode":-1`, 1), "needs an error"},
+		"no finish":       {strings.Replace(good, `"finishedAt":"2026-11-30T07:00:00.5Z",`, ``, 1), "finishedAt is missing"},
+		"time travel":     {strings.Replace(good, `07:00:00.5Z`, `05:00:00Z`, 1), "before startedAt"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.line))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestFromLogsEvent(t *testing.T) {
+	mismatch := strings.Replace(good, `i-0123456789abcdef0`, `i-0aaaaaaaaaaaaaaaa`, 1)
+	restart := strings.Replace(good, `"restartCount":0`, `"restartCount":1`, 1)
+	ev, err := Encode(events.CloudwatchLogsData{
+		MessageType: "DATA_MESSAGE", LogGroup: "/reaper/exits", LogStream: "i-0123456789abcdef0",
+		LogEvents: []events.CloudwatchLogsLogEvent{
+			{ID: "1", Message: restart}, {ID: "2", Message: good}, {ID: "3", Message: "garbage"},
+			{ID: "4", Message: mismatch}, {ID: "5", Message: good},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := FromLogsEvent(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Lines) != 2 || b.Lines[0].RestartCount != 0 || b.Lines[1].RestartCount != 1 {
+		t.Fatalf("lines not deduplicated and ordered: %+v", b.Lines)
+	}
+	if len(b.Rejected) != 2 || b.Rejected[0].EventID != "3" || !strings.Contains(b.Rejected[1].Err.Error(), "does not match log stream") {
+		t.Fatalf("rejected: %+v", b.Rejected)
+	}
+}
+
+func TestFromLogsEventStreamAndControl(t *testing.T) {
+	bad, _ := Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: "ip-10-0-0-1", LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Message: good}}})
+	if _, err := FromLogsEvent(bad); err == nil || !strings.Contains(err.Error(), "not an EC2 instance id") {
+		t.Fatalf("bad stream: %v", err)
+	}
+	ctl, _ := Encode(events.CloudwatchLogsData{MessageType: "CONTROL_MESSAGE", LogStream: "test"})
+	if b, err := FromLogsEvent(ctl); err != nil || !b.Control {
+		t.Fatalf("control: %+v %v", b, err)
+	}
+	if _, err := FromLogsEvent(events.CloudwatchLogsEvent{AWSLogs: events.CloudwatchLogsRawData{Data: "!!"}}); err == nil {
+		t.Fatal("undecodable payload accepted")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(good))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		l, err := Parse(b)
+		if err == nil && l.Validate() != nil {
+			t.Fatal("Parse accepted an invalid line")
+		}
+	})
+}

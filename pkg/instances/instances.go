@@ -1,0 +1,229 @@
+// Package instances is Reaper's view of EC2: which instances it manages,
+// what state they are in, and terminating them. Only instances carrying the
+// managed tag are ever terminated (the deployed IAM policy enforces the same).
+package instances
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+)
+
+// EC2 instance state names.
+const (
+	Pending      = "pending"
+	Running      = "running"
+	ShuttingDown = "shutting-down"
+	Terminated   = "terminated"
+	Stopping     = "stopping"
+	Stopped      = "stopped"
+)
+
+// Gone reports whether a state means the instance no longer runs its Pod.
+func Gone(state string) bool {
+	switch state {
+	case ShuttingDown, Terminated, Stopping, Stopped:
+		return true
+	}
+	return false
+}
+
+// Ending reports whether the instance is already on its way out, so a
+// terminate request would change nothing.
+func Ending(state string) bool { return state == ShuttingDown || state == Terminated }
+
+// TagKeys are the tag keys a provider writes at launch.
+type TagKeys struct {
+	Managed      string
+	PodNamespace string
+	PodName      string
+	PodUID       string
+}
+
+// DefaultTagKeys are the keys of the instance-tag contract.
+func DefaultTagKeys() TagKeys {
+	return TagKeys{
+		Managed:      "reaper.io/managed",
+		PodNamespace: "reaper.io/pod-namespace",
+		PodName:      "reaper.io/pod-name",
+		PodUID:       "reaper.io/pod-uid",
+	}
+}
+
+// Instance is what Reaper needs to know of an EC2 instance.
+type Instance struct {
+	ID         string
+	State      string
+	Managed    bool
+	Pod        ledger.PodRef
+	LaunchTime time.Time
+}
+
+// Fleet reads and terminates instances through the EC2 API.
+type Fleet struct {
+	client *ec2.Client
+	keys   TagKeys
+	dryRun bool
+}
+
+// NewFleet returns a Fleet. With dryRun, Terminate decides and reports but
+// sends no TerminateInstances.
+func NewFleet(client *ec2.Client, keys TagKeys, dryRun bool) *Fleet {
+	return &Fleet{client: client, keys: keys, dryRun: dryRun}
+}
+
+// EC2 accepts at most this many values in one filter; instance-id filters
+// are used instead of InstanceIds because unknown ids then simply do not
+// match instead of failing the whole call.
+const describeChunk = 200
+
+// Describe returns the instances among ids that EC2 knows. Instances it
+// does not know (never existed, or terminated long ago) are absent.
+func (f *Fleet) Describe(ctx context.Context, ids []string) (map[string]Instance, error) {
+	found := make(map[string]Instance, len(ids))
+	for chunk := range slices.Chunk(ids, describeChunk) {
+		in := &ec2.DescribeInstancesInput{Filters: []types.Filter{{Name: aws.String("instance-id"), Values: chunk}}}
+		if err := f.describe(ctx, in, func(i Instance) error { found[i.ID] = i; return nil }); err != nil {
+			return nil, err
+		}
+	}
+	return found, nil
+}
+
+// ListManaged calls fn for every instance carrying the managed tag that is
+// not terminated, a page at a time.
+func (f *Fleet) ListManaged(ctx context.Context, fn func(Instance) error) error {
+	return f.describe(ctx, &ec2.DescribeInstancesInput{
+		Filters: []types.Filter{
+			{Name: aws.String("tag:" + f.keys.Managed), Values: []string{"true"}},
+			{Name: aws.String("instance-state-name"), Values: []string{Pending, Running, Stopping, Stopped, ShuttingDown}},
+		},
+		MaxResults: aws.Int32(1000),
+	}, fn)
+}
+
+func (f *Fleet) describe(ctx context.Context, in *ec2.DescribeInstancesInput, fn func(Instance) error) error {
+	p := ec2.NewDescribeInstancesPaginator(f.client, in)
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return fmt.Errorf("describe instances: %w", err)
+		}
+		for _, r := range page.Reservations {
+			for _, i := range r.Instances {
+				if err := fn(f.instance(i)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (f *Fleet) instance(i types.Instance) Instance {
+	out := Instance{ID: aws.ToString(i.InstanceId), LaunchTime: aws.ToTime(i.LaunchTime)}
+	if i.State != nil {
+		out.State = string(i.State.Name)
+	}
+	for _, t := range i.Tags {
+		v := aws.ToString(t.Value)
+		switch aws.ToString(t.Key) {
+		case f.keys.Managed:
+			out.Managed = v == "true"
+		case f.keys.PodNamespace:
+			out.Pod.Namespace = v
+		case f.keys.PodName:
+			out.Pod.Name = v
+		case f.keys.PodUID:
+			out.Pod.UID = v
+		}
+	}
+	return out
+}
+
+// Outcome is what Terminate did with one instance. Every outcome means the
+// step is done.
+type Outcome string
+
+const (
+	// Terminating: TerminateInstances accepted it.
+	Terminating Outcome = "terminating"
+	// AlreadyGone: it was shutting down or terminated, or EC2 does not know it.
+	AlreadyGone Outcome = "already-gone"
+	// NotManaged: it lacks the managed tag; Reaper never terminates it.
+	NotManaged Outcome = "not-managed"
+	// WouldTerminate: dry run.
+	WouldTerminate Outcome = "would-terminate"
+)
+
+// TerminateInstances takes at most this many ids a call.
+const terminateChunk = 1000
+
+// Terminate ends the managed instances among ids with one tag lookup and
+// at most one TerminateInstances call per 1000 ids. Instances already gone
+// count as done. Known instances can be passed to skip the lookup.
+func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Outcome, error) {
+	if known == nil {
+		var err error
+		if known, err = f.Describe(ctx, ids); err != nil {
+			return nil, err
+		}
+	}
+	out := make(map[string]Outcome, len(ids))
+	var targets []string
+	for _, id := range ids {
+		i, ok := known[id]
+		switch {
+		case !ok || Ending(i.State):
+			out[id] = AlreadyGone
+		case !i.Managed:
+			out[id] = NotManaged
+		case f.dryRun:
+			out[id] = WouldTerminate
+		default:
+			targets = append(targets, id)
+		}
+	}
+	for chunk := range slices.Chunk(targets, terminateChunk) {
+		_, err := f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: chunk})
+		if isNotFound(err) && len(chunk) > 1 {
+			// Some vanished since the lookup; the call is all-or-nothing, so
+			// retry one by one and let each answer for itself.
+			for _, id := range chunk {
+				_, err := f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
+				if err != nil && !isNotFound(err) {
+					return out, fmt.Errorf("terminate %s: %w", id, err)
+				}
+				out[id] = Terminating
+				if err != nil {
+					out[id] = AlreadyGone
+				}
+			}
+			continue
+		}
+		if err != nil && !isNotFound(err) {
+			return out, fmt.Errorf("terminate instances: %w", err)
+		}
+		for _, id := range chunk {
+			out[id] = Terminating
+			if err != nil {
+				out[id] = AlreadyGone
+			}
+		}
+	}
+	return out, nil
+}
+
+func isNotFound(err error) bool {
+	var ae smithy.APIError
+	return errors.As(err, &ae) && ae.ErrorCode() == "InvalidInstanceID.NotFound"
+}

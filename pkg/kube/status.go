@@ -1,0 +1,193 @@
+// Package kube writes Reaper's decisions to the Kubernetes API: a Pod's
+// status, through the status subresource, and an Event saying why.
+package kube
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/podstatus"
+)
+
+// Result is what applying an outcome to a Pod came to. Every result but an
+// error means the step is done.
+type Result string
+
+const (
+	// Patched: the Pod's status now carries the outcome.
+	Patched Result = "patched"
+	// AlreadyTerminal: the Pod had ended before; it was not touched.
+	AlreadyTerminal Result = "already-terminal"
+	// Current: the Pod already shows this outcome or a later one.
+	Current Result = "current"
+	// PodGone: no Pod of that name exists any more.
+	PodGone Result = "pod-gone"
+	// PodReplaced: a Pod of that name exists with another UID.
+	PodReplaced Result = "pod-replaced"
+	// DryRun: the write was decided and logged, not made.
+	DryRun Result = "dry-run"
+)
+
+// Component is the Event source Reaper posts as.
+const Component = "reaper"
+
+// maxConflicts bounds re-reads after a resourceVersion conflict: each one
+// means somebody else wrote the Pod in between.
+const maxConflicts = 5
+
+// StatusWriter applies outcomes to Pods.
+type StatusWriter struct {
+	client kubernetes.Interface
+	dryRun bool
+	now    func() time.Time
+}
+
+// NewStatusWriter returns a writer. With dryRun it reads and decides but
+// changes nothing.
+func NewStatusWriter(client kubernetes.Interface, dryRun bool) *StatusWriter {
+	return &StatusWriter{client: client, dryRun: dryRun, now: time.Now}
+}
+
+// Apply makes the Pod carry the outcome. It never rewrites a Pod that is
+// already Succeeded or Failed: it reads first and patches with the
+// resourceVersion it read, so a Pod that turned terminal in between comes
+// back as a conflict and is read again. The patch also carries the Pod's UID,
+// so a replacement Pod of the same name is never written. An Event on the Pod
+// says what Reaper did.
+func (w *StatusWriter) Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome) (Result, error) {
+	pods := w.client.CoreV1().Pods(ref.Namespace)
+	for range maxConflicts {
+		pod, err := pods.Get(ctx, ref.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return PodGone, nil
+		case err != nil:
+			return "", fmt.Errorf("get pod %s: %w", ref, err)
+		case string(pod.UID) != ref.UID:
+			return PodReplaced, nil
+		case podstatus.Terminal(pod.Status.Phase):
+			return AlreadyTerminal, nil
+		}
+		status, ok := podstatus.Build(pod, o, w.now())
+		if !ok {
+			return Current, nil
+		}
+		if w.dryRun {
+			return DryRun, nil
+		}
+		patch, err := statusPatch(pod, status)
+		if err != nil {
+			return "", err
+		}
+		_, err = pods.Patch(ctx, ref.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: Component}, "status")
+		switch {
+		case apierrors.IsConflict(err):
+			continue
+		case apierrors.IsNotFound(err):
+			return PodGone, nil
+		case isUIDMismatch(err):
+			return PodReplaced, nil
+		case err != nil:
+			return "", fmt.Errorf("patch pod %s status: %w", ref, err)
+		}
+		return Patched, w.event(ctx, pod, o, status.Phase)
+	}
+	return "", fmt.Errorf("patch pod %s status: still conflicting after %d attempts", ref, maxConflicts)
+}
+
+// statusPatch is a strategic-merge patch of the status with the UID and
+// resourceVersion as preconditions.
+func statusPatch(pod *corev1.Pod, status corev1.PodStatus) ([]byte, error) {
+	return json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": pod.UID, "resourceVersion": pod.ResourceVersion},
+		"status":   status,
+	})
+}
+
+// isUIDMismatch recognises the apiserver's answer to a UID precondition that
+// does not hold: 422 Invalid on metadata.uid (not a 409).
+func isUIDMismatch(err error) bool {
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) {
+		return false
+	}
+	if d := status.Status().Details; d != nil {
+		for _, c := range d.Causes {
+			if c.Field == "metadata.uid" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// event posts what Reaper did. Its name is derived from the Pod and the
+// outcome, so a retried step posts it once.
+func (w *StatusWriter) event(ctx context.Context, pod *corev1.Pod, o podstatus.Outcome, phase corev1.PodPhase) error {
+	reason, msg, kind := describe(o, phase)
+	sum := sha256.Sum256([]byte(string(pod.UID) + "/" + o.Key()))
+	now := metav1.NewTime(w.now())
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name + "." + hex.EncodeToString(sum[:8]), Namespace: pod.Namespace},
+		InvolvedObject: corev1.ObjectReference{
+			Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+		},
+		Reason:              reason,
+		Message:             msg,
+		Type:                kind,
+		Source:              corev1.EventSource{Component: Component},
+		ReportingController: "reaper.io/" + Component,
+		ReportingInstance:   o.InstanceID,
+		FirstTimestamp:      now,
+		LastTimestamp:       now,
+		Count:               1,
+	}
+	_, err := w.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("post event on pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}
+
+// Event reasons Reaper posts.
+const (
+	EventContainerExited    = "ContainerExited"
+	EventContainerRestarted = "ContainerRestarting"
+	EventInstanceLost       = "InstanceLost"
+)
+
+func describe(o podstatus.Outcome, phase corev1.PodPhase) (reason, msg, kind string) {
+	if o.Exit == nil {
+		return EventInstanceLost, fmt.Sprintf("Instance %s went %s with no container exit reported; container status unknown",
+			o.InstanceID, o.Lost.State), corev1.EventTypeWarning
+	}
+	e := o.Exit
+	kind = corev1.EventTypeNormal
+	if e.ExitCode != 0 || e.OOMKilled {
+		kind = corev1.EventTypeWarning
+	}
+	detail := fmt.Sprintf("container %s exited with code %d", e.Container, e.ExitCode)
+	if e.OOMKilled {
+		detail += " (OOMKilled)"
+	}
+	if e.RuntimeRestarted {
+		detail += " after a container runtime restart"
+	}
+	if e.WillRestart {
+		return EventContainerRestarted, fmt.Sprintf("%s on instance %s; restart %d in %ds",
+			detail, o.InstanceID, e.RestartCount+1, e.BackoffSeconds), kind
+	}
+	return EventContainerExited, fmt.Sprintf("%s on instance %s; pod is %s", detail, o.InstanceID, phase), kind
+}

@@ -1,0 +1,43 @@
+// Package kubeclient builds the Kubernetes client configuration a handler
+// uses, from the access mode the configuration names.
+package kubeclient
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/reaper-k8s/reaper/pkg/config"
+)
+
+// requestTimeout bounds one API request; the invocation's deadline bounds
+// the whole.
+const requestTimeout = 15 * time.Second
+
+// RESTConfig returns the client configuration for the access mode.
+func RESTConfig(ctx context.Context, access config.KubeAccess, awsCfg aws.Config) (*rest.Config, error) {
+	var (
+		cfg *rest.Config
+		err error
+	)
+	switch {
+	default:
+		cfg, err = clientcmd.BuildConfigFromFlags("", access.Kubeconfig)
+		if err != nil {
+			err = fmt.Errorf("kubeconfig %s: %w", access.Kubeconfig, err)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timeout = requestTimeout
+	cfg.UserAgent = "reaper"
+	// One invocation makes a handful of calls; the sweeper makes more but
+	// must not starve other clients of the apiserver.
+	cfg.QPS, cfg.Burst = 50, 100
+	return cfg, nil
+}

@@ -1,0 +1,324 @@
+// Package ledger is Reaper's memory: one DynamoDB item per instance saying
+// what is known about it (its Pod, its container's exit, whether and how the
+// instance went away) and which side effects are already done. Every write is
+// conditional, so redelivered and out-of-order events never move it backwards.
+//
+// A provider can read it too: Get(instanceID) returns the exit a Pod's
+// container reported even after the Pod or the instance is gone.
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// Table schema, shared with the CDK construct.
+const (
+	KeyAttribute = "instanceId"
+	TTLAttribute = "expiresAt"
+)
+
+// Retention is how long an item outlives its last write (DynamoDB TTL).
+const Retention = 30 * 24 * time.Hour
+
+// PodRef names the Pod an instance runs. The UID tells a Pod from a later
+// one with the same name.
+type PodRef struct {
+	Namespace string `dynamodbav:"namespace"`
+	Name      string `dynamodbav:"name"`
+	UID       string `dynamodbav:"uid"`
+}
+
+func (p PodRef) String() string { return p.Namespace + "/" + p.Name }
+
+// Exit is a container exit as the host wrapper reported it.
+type Exit struct {
+	Container        string    `dynamodbav:"container"`
+	ContainerID      string    `dynamodbav:"containerId,omitempty"`
+	ExitCode         int       `dynamodbav:"exitCode"`
+	OOMKilled        bool      `dynamodbav:"oomKilled"`
+	Signal           string    `dynamodbav:"signal,omitempty"`
+	Error            string    `dynamodbav:"error,omitempty"`
+	StartedAt        time.Time `dynamodbav:"startedAt"`
+	FinishedAt       time.Time `dynamodbav:"finishedAt"`
+	RestartCount     int32     `dynamodbav:"restartCount"`
+	RuntimeRestarted bool      `dynamodbav:"runtimeRestarted,omitempty"`
+	WillRestart      bool      `dynamodbav:"willRestart,omitempty"`
+	BackoffSeconds   int       `dynamodbav:"backoffSeconds,omitempty"`
+	// ReceivedAt is when Reaper recorded the line.
+	ReceivedAt time.Time `dynamodbav:"receivedAt"`
+}
+
+// Terminal reports whether this exit ends the Pod: the host supervisor is
+// not going to restart the container.
+func (e Exit) Terminal() bool { return !e.WillRestart }
+
+// Gone is how an instance went away when it did so without (or before) an
+// exit line: the EC2 state it reached and when.
+type Gone struct {
+	State string    `dynamodbav:"state"`
+	At    time.Time `dynamodbav:"at"`
+}
+
+// Record is the ledger item of one instance.
+type Record struct {
+	InstanceID string `dynamodbav:"instanceId"`
+	Pod        PodRef `dynamodbav:"pod"`
+	// Exit is the latest exit recorded (highest restart count).
+	Exit *Exit `dynamodbav:"exit,omitempty"`
+	// ExitRestartCount mirrors Exit.RestartCount at the top level, where
+	// condition expressions can compare it.
+	ExitRestartCount *int32 `dynamodbav:"exitRestartCount,omitempty"`
+	// Gone is set once the instance is seen stopping, stopped or terminated.
+	Gone *Gone `dynamodbav:"gone,omitempty"`
+	// LastState and LastStateAt are the newest EC2 state seen, for latency
+	// figures and so older events never overwrite newer ones.
+	LastState   string    `dynamodbav:"lastState,omitempty"`
+	LastStateAt time.Time `dynamodbav:"lastStateAt,omitempty"`
+	// PodSynced is the outcome the Pod's status already carries (see
+	// Outcome keys in package reaper); empty until the first status write.
+	PodSynced string `dynamodbav:"podSynced,omitempty"`
+	// Terminated is when Reaper's terminate request for the instance
+	// succeeded (or found it already gone).
+	Terminated time.Time `dynamodbav:"terminated,omitempty"`
+	UpdatedAt  time.Time `dynamodbav:"updatedAt"`
+	ExpiresAt  int64     `dynamodbav:"expiresAt"`
+}
+
+// Table is the DynamoDB-backed ledger.
+type Table struct {
+	client *dynamodb.Client
+	name   string
+	now    func() time.Time
+}
+
+// New returns the ledger stored in the named table.
+func New(client *dynamodb.Client, table string) *Table {
+	return &Table{client: client, name: table, now: time.Now}
+}
+
+// Name is the table's name.
+func (t *Table) Name() string { return t.name }
+
+// Get returns the record of an instance, or ok=false if there is none. It is
+// a strongly consistent read.
+func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool, err error) {
+	out, err := t.client.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName:      &t.name,
+		Key:            key(instanceID),
+		ConsistentRead: aws.Bool(true),
+	})
+	if err != nil {
+		return Record{}, false, fmt.Errorf("ledger get %s: %w", instanceID, err)
+	}
+	if out.Item == nil {
+		return Record{}, false, nil
+	}
+	if err := attributevalue.UnmarshalMap(out.Item, &rec); err != nil {
+		return Record{}, false, fmt.Errorf("ledger get %s: decode: %w", instanceID, err)
+	}
+	return rec, true, nil
+}
+
+// RecordExit stores an exit unless the ledger already holds a later one
+// (higher restart count), and returns the record as it stands afterwards.
+// Writing the same exit again is harmless, so a redelivered line costs one
+// write, like a new one.
+func (t *Table) RecordExit(ctx context.Context, instanceID string, pod PodRef, exit Exit) (Record, error) {
+	now := t.now().UTC()
+	exit.ReceivedAt = now
+	exitAV, err := attributevalue.Marshal(exit)
+	if err != nil {
+		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
+	}
+	podAV, err := attributevalue.Marshal(pod)
+	if err != nil {
+		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
+	}
+	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
+		UpdateExpression:    aws.String("SET #exit = :exit, exitRestartCount = :rc, pod = :pod, updatedAt = :now, expiresAt = :exp"),
+		ConditionExpression: aws.String("attribute_not_exists(exitRestartCount) OR exitRestartCount <= :rc"),
+		ExpressionAttributeNames: map[string]string{
+			"#exit": "exit",
+		},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":exit": exitAV,
+			":rc":   &types.AttributeValueMemberN{Value: fmt.Sprint(exit.RestartCount)},
+			":pod":  podAV,
+			":now":  timeAV(now),
+			":exp":  expiry(now),
+		},
+	})
+	if errors.Is(err, errStale) {
+		// A later exit is already recorded; this one is history.
+		rec, _, err = t.Get(ctx, instanceID)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
+	}
+	return rec, nil
+}
+
+// RecordState notes an EC2 state the instance reached at a time. Gone
+// states (stopping, stopped, shutting-down, terminated) also set Gone the
+// first time. An event older than the newest state already recorded changes
+// nothing and returns the record as it is.
+func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, state string, at time.Time, gone bool) (Record, error) {
+	now := t.now().UTC()
+	set := "SET lastState = :state, lastStateAt = :at, updatedAt = :now, expiresAt = :exp"
+	values := map[string]types.AttributeValue{
+		":state": &types.AttributeValueMemberS{Value: state},
+		":at":    timeAV(at),
+		":now":   timeAV(now),
+		":exp":   expiry(now),
+	}
+	if pod != (PodRef{}) {
+		podAV, err := attributevalue.Marshal(pod)
+		if err != nil {
+			return Record{}, err
+		}
+		set += ", pod = if_not_exists(pod, :pod)"
+		values[":pod"] = podAV
+	}
+	if gone {
+		goneAV, err := attributevalue.Marshal(Gone{State: state, At: at.UTC()})
+		if err != nil {
+			return Record{}, err
+		}
+		set += ", gone = if_not_exists(gone, :gone)"
+		values[":gone"] = goneAV
+	}
+	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
+		UpdateExpression: aws.String(set),
+		ConditionExpression:       aws.String("attribute_not_exists(lastStateAt) OR lastStateAt <= :at"),
+		ExpressionAttributeValues: values,
+	})
+	if errors.Is(err, errStale) {
+		rec, _, err = t.Get(ctx, instanceID)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("ledger record state %s: %w", instanceID, err)
+	}
+	return rec, nil
+}
+
+// Done are side effects to mark as done in one write.
+type Done struct {
+	// PodSynced is the outcome key the Pod now carries ("" = unchanged).
+	PodSynced string
+	// Terminated is set when the instance was terminated (or found gone).
+	Terminated bool
+}
+
+// MarkDone records finished side effects. The write is unconditional on
+// purpose: it only ever moves a step to done, and a step done twice is still
+// done.
+func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
+	if d == (Done{}) {
+		return nil
+	}
+	now := t.now().UTC()
+	set := "SET updatedAt = :now, expiresAt = :exp"
+	values := map[string]types.AttributeValue{":now": timeAV(now), ":exp": expiry(now)}
+	if d.PodSynced != "" {
+		set += ", podSynced = :synced"
+		values[":synced"] = &types.AttributeValueMemberS{Value: d.PodSynced}
+	}
+	if d.Terminated {
+		set += ", terminated = if_not_exists(terminated, :now)"
+	}
+	_, err := t.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 &t.name,
+		Key:                       key(instanceID),
+		UpdateExpression:          &set,
+		ExpressionAttributeValues: values,
+	})
+	if err != nil {
+		return fmt.Errorf("ledger mark done %s: %w", instanceID, err)
+	}
+	return nil
+}
+
+// Scan calls fn for every record, a page at a time, for the sweeper.
+func (t *Table) Scan(ctx context.Context, fn func(Record) error) error {
+	p := dynamodb.NewScanPaginator(t.client, &dynamodb.ScanInput{TableName: &t.name, ConsistentRead: aws.Bool(true)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return fmt.Errorf("ledger scan: %w", err)
+		}
+		for _, item := range page.Items {
+			var rec Record
+			if err := attributevalue.UnmarshalMap(item, &rec); err != nil {
+				return fmt.Errorf("ledger scan: decode: %w", err)
+			}
+			if err := fn(rec); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+var errStale = errors.New("stale")
+
+func (t *Table) update(ctx context.Context, instanceID string, in *dynamodb.UpdateItemInput) (Record, error) {
+	in.TableName = &t.name
+	in.Key = key(instanceID)
+	in.ReturnValues = types.ReturnValueAllNew
+	out, err := t.client.UpdateItem(ctx, in)
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return Record{}, errStale
+	}
+	if err != nil {
+		return Record{}, err
+	}
+	var rec Record
+	if err := attributevalue.UnmarshalMap(out.Attributes, &rec); err != nil {
+		return Record{}, fmt.Errorf("decode: %w", err)
+	}
+	return rec, nil
+}
+
+func key(instanceID string) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{KeyAttribute: &types.AttributeValueMemberS{Value: instanceID}}
+}
+
+// timeLayout is RFC 3339 with a fixed-width fraction, so that stored times
+// compare correctly as strings in condition expressions.
+const timeLayout = "2006-01-02T15:04:05.000000000Z07:00"
+
+func timeAV(t time.Time) types.AttributeValue {
+	return &types.AttributeValueMemberS{Value: t.UTC().Format(timeLayout)}
+}
+
+func expiry(now time.Time) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: fmt.Sprint(now.Add(Retention).Unix())}
+}
+
+// CreateTable creates the ledger table with the key schema the CDK construct
+// deploys (on-demand billing). An existing table is success.
+func CreateTable(ctx context.Context, client *dynamodb.Client, name string) error {
+	_, err := client.CreateTable(ctx, &dynamodb.CreateTableInput{
+		TableName:            &name,
+		BillingMode:          types.BillingModePayPerRequest,
+		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(KeyAttribute), AttributeType: types.ScalarAttributeTypeS}},
+		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String(KeyAttribute), KeyType: types.KeyTypeHash}},
+	})
+	var inUse *types.ResourceInUseException
+	if errors.As(err, &inUse) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create table %s: %w", name, err)
+	}
+	return dynamodb.NewTableExistsWaiter(client).Wait(ctx, &dynamodb.DescribeTableInput{TableName: &name}, 2*time.Minute)
+}

@@ -1,0 +1,157 @@
+package podstatus
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+)
+
+var (
+	t0  = time.Date(2026, 11, 30, 6, 0, 0, 0, time.UTC)
+	now = t0.Add(time.Hour)
+)
+
+func runningPod(containers ...string) *corev1.Pod {
+	p := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	for _, c := range containers {
+		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: c, Image: "repo/" + c + ":1"})
+		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{
+			Name: c, Image: "repo/" + c + ":1", ImageID: "sha256:" + c, ContainerID: "containerd://" + c, Ready: true,
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(t0)}},
+		})
+	}
+	return p
+}
+
+func exit(code int, mutate ...func(*ledger.Exit)) Outcome {
+	e := &ledger.Exit{Container: "main", ContainerID: "abc", ExitCode: code, StartedAt: t0, FinishedAt: now}
+	for _, m := range mutate {
+		m(e)
+	}
+	return Outcome{InstanceID: "i-0123456789abcdef0", Exit: e}
+}
+
+// TestTruthTable walks the rows of the status truth table in the design notes.
+func TestTruthTable(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		pod          *corev1.Pod
+		outcome      Outcome
+		phase        corev1.PodPhase
+		code         int32
+		reason       string
+		restarts     int32
+		lastTerm     bool
+		waiting      string
+		disruptionTo string
+	}{
+		{name: "exit 0", pod: runningPod("main"), outcome: exit(0), phase: corev1.PodSucceeded, reason: ReasonCompleted},
+		{name: "exit 1", pod: runningPod("main"), outcome: exit(1), phase: corev1.PodFailed, code: 1, reason: ReasonError},
+		{name: "oom", pod: runningPod("main"), outcome: exit(137, func(e *ledger.Exit) { e.OOMKilled = true }), phase: corev1.PodFailed, code: 137, reason: ReasonOOMKilled},
+		{name: "oom reported as 0", pod: runningPod("main"), outcome: exit(0, func(e *ledger.Exit) { e.OOMKilled = true }), phase: corev1.PodFailed, code: 137, reason: ReasonOOMKilled},
+		{name: "restarting", pod: runningPod("main"), outcome: exit(1, func(e *ledger.Exit) { e.WillRestart, e.RestartCount, e.BackoffSeconds = true, 2, 40 }),
+			phase: corev1.PodRunning, code: 1, reason: ReasonError, restarts: 3, lastTerm: true, waiting: ReasonCrashLoopBackOff},
+		{name: "restart cap reached", pod: runningPod("main"), outcome: exit(1, func(e *ledger.Exit) { e.RestartCount = 5 }), phase: corev1.PodFailed, code: 1, reason: ReasonError, restarts: 5},
+		{name: "lost", pod: runningPod("main"), outcome: Outcome{InstanceID: "i-0123456789abcdef0", Lost: &ledger.Gone{State: "terminated", At: t0}, LostAfter: 3 * time.Minute},
+			phase: corev1.PodFailed, code: ExitCodeUnknown, reason: ReasonStatusUnknown, disruptionTo: "InstanceTerminated"},
+		{name: "lost by stop", pod: runningPod("main"), outcome: Outcome{InstanceID: "i-0123456789abcdef0", Lost: &ledger.Gone{State: "stopped", At: t0}, LostAfter: time.Minute},
+			phase: corev1.PodFailed, code: ExitCodeUnknown, reason: ReasonStatusUnknown, disruptionTo: "InstanceStopped"},
+		{name: "pending pod without statuses", pod: &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "img"}}}, Status: corev1.PodStatus{Phase: corev1.PodPending}},
+			outcome: exit(0), phase: corev1.PodSucceeded, reason: ReasonCompleted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, ok := Build(tc.pod, tc.outcome, now)
+			if !ok {
+				t.Fatal("no write planned")
+			}
+			if s.Phase != tc.phase {
+				t.Fatalf("phase %s, want %s", s.Phase, tc.phase)
+			}
+			if len(s.ContainerStatuses) != 1 {
+				t.Fatalf("%d container statuses", len(s.ContainerStatuses))
+			}
+			cs := s.ContainerStatuses[0]
+			if cs.Name != "main" || cs.Image == "" || cs.Ready || cs.RestartCount != tc.restarts {
+				t.Fatalf("container status %+v", cs)
+			}
+			if states := countStates(cs.State); states != 1 {
+				t.Fatalf("%d states set, want exactly one", states)
+			}
+			term := cs.State.Terminated
+			if tc.lastTerm {
+				term = cs.LastTerminationState.Terminated
+				if cs.State.Waiting == nil || cs.State.Waiting.Reason != tc.waiting {
+					t.Fatalf("waiting %+v, want %s", cs.State.Waiting, tc.waiting)
+				}
+			}
+			if term == nil || term.ExitCode != tc.code || term.Reason != tc.reason {
+				t.Fatalf("terminated %+v, want code %d reason %s", term, tc.code, tc.reason)
+			}
+			var disruption *corev1.PodCondition
+			for i, c := range s.Conditions {
+				if c.Type == corev1.DisruptionTarget {
+					disruption = &s.Conditions[i]
+				}
+			}
+			if (disruption != nil) != (tc.disruptionTo != "") || (disruption != nil && (disruption.Reason != tc.disruptionTo || disruption.Status != corev1.ConditionTrue || disruption.Message == "")) {
+				t.Fatalf("DisruptionTarget %+v, want reason %q", disruption, tc.disruptionTo)
+			}
+		})
+	}
+}
+
+func countStates(s corev1.ContainerState) int {
+	n := 0
+	for _, set := range []bool{s.Waiting != nil, s.Running != nil, s.Terminated != nil} {
+		if set {
+			n++
+		}
+	}
+	return n
+}
+
+func TestBuildKeepsWhatItDoesNotOwn(t *testing.T) {
+	s, ok := Build(runningPod("main", "sidecar"), exit(0), now)
+	if !ok {
+		t.Fatal("no write")
+	}
+	main, side := s.ContainerStatuses[0], s.ContainerStatuses[1]
+	if main.ImageID != "sha256:main" || main.ContainerID != "containerd://main" || main.State.Terminated.ContainerID != "containerd://main" {
+		t.Fatalf("image/container ids not carried: %+v", main)
+	}
+	// The sidecar's end was not seen: the kubelet's answer for that.
+	if side.State.Terminated == nil || side.State.Terminated.Reason != ReasonStatusUnknown || side.ImageID != "sha256:sidecar" {
+		t.Fatalf("sidecar %+v", side)
+	}
+	if s.Phase != corev1.PodFailed {
+		t.Fatalf("phase %s: a container that did not succeed fails the Pod", s.Phase)
+	}
+}
+
+func TestBuildNeverRewrites(t *testing.T) {
+	for _, phase := range []corev1.PodPhase{corev1.PodSucceeded, corev1.PodFailed} {
+		p := runningPod("main")
+		p.Status.Phase = phase
+		if _, ok := Build(p, exit(1), now); ok {
+			t.Fatalf("%s pod would be rewritten", phase)
+		}
+	}
+	p := runningPod("main")
+	p.Status.ContainerStatuses[0].RestartCount = 4
+	if _, ok := Build(p, exit(1, func(e *ledger.Exit) { e.WillRestart, e.RestartCount = true, 2 }), now); ok {
+		t.Fatal("an older restart would overwrite a newer one")
+	}
+}
+
+func TestOutcomeKey(t *testing.T) {
+	if k := exit(0, func(e *ledger.Exit) { e.RestartCount = 3 }).Key(); k != "exit/3" {
+		t.Fatal(k)
+	}
+	if k := (Outcome{Lost: &ledger.Gone{}}).Key(); k != "lost" {
+		t.Fatal(k)
+	}
+}

@@ -1,0 +1,81 @@
+// Package reaper is the decision core shared by every handler: from what the
+// ledger knows of an instance it decides what the Pod must say and whether
+// the instance must go (Decide, pure), then carries that out idempotently
+// through one small interface per outside system (Reaper).
+package reaper
+
+import (
+	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/podstatus"
+)
+
+// Policy holds the knobs that shape decisions.
+type Policy struct {
+	// ExitWait is how long after an instance is gone a late exit line still
+	// decides the Pod's status; after it the Pod is finalized as lost.
+	ExitWait time.Duration
+	// TerminateStopped terminates managed instances that stop: a stopped
+	// one-Pod instance does no work but still bills its volumes.
+	TerminateStopped bool
+}
+
+// Plan is what must happen for one instance. The zero Plan does nothing.
+type Plan struct {
+	// Pod is the outcome the Pod must carry, nil when it needs no write.
+	Pod *podstatus.Outcome
+	// Terminate asks for the instance to be terminated.
+	Terminate bool
+	// WaitUntil is set when the instance is gone without an exit line and
+	// the exit-wait window is still open: nothing is decided before then.
+	WaitUntil time.Time
+}
+
+// Decide returns the plan for an instance's record at time now. Steps the
+// record marks done are never planned again.
+func Decide(rec ledger.Record, now time.Time, p Policy) Plan {
+	var plan Plan
+	outcome := outcomeOf(rec, now, p)
+	if outcome != nil && outcome.Key() != rec.PodSynced && rec.PodSynced != lostKey {
+		plan.Pod = outcome
+	}
+	if rec.Gone != nil && rec.Exit == nil && outcome == nil {
+		plan.WaitUntil = rec.Gone.At.Add(p.ExitWait)
+	}
+	if rec.Terminated.IsZero() && !instances.Ending(rec.LastState) {
+		plan.Terminate = wantTerminated(rec, p)
+	}
+	return plan
+}
+
+var lostKey = podstatus.Outcome{}.Key()
+
+// outcomeOf is what the Pod must say, if anything is known yet. An exit
+// line, however late, wins over "lost" while the Pod is not yet finalized;
+// once a Pod is finalized as lost it stays so (it is terminal).
+func outcomeOf(rec ledger.Record, now time.Time, p Policy) *podstatus.Outcome {
+	if rec.Exit != nil {
+		return &podstatus.Outcome{InstanceID: rec.InstanceID, Exit: rec.Exit}
+	}
+	if rec.Gone != nil && !now.Before(rec.Gone.At.Add(p.ExitWait)) {
+		return &podstatus.Outcome{InstanceID: rec.InstanceID, Lost: rec.Gone, LostAfter: p.ExitWait}
+	}
+	return nil
+}
+
+func wantTerminated(rec ledger.Record, p Policy) bool {
+	if rec.Exit != nil && rec.Exit.Terminal() {
+		return true
+	}
+	if rec.Gone == nil {
+		return false
+	}
+	switch rec.Gone.State {
+	case instances.Stopping, instances.Stopped:
+		return p.TerminateStopped
+	}
+	// Shutting down or terminated: EC2 is already doing it.
+	return false
+}

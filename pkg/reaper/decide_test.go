@@ -1,0 +1,58 @@
+package reaper
+
+import (
+	"testing"
+	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+)
+
+func TestDecide(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 6, 0, 0, 0, time.UTC)
+	policy := Policy{ExitWait: 3 * time.Minute, TerminateStopped: true}
+	exitRec := func(willRestart bool) ledger.Record {
+		return ledger.Record{InstanceID: "i-1", Exit: &ledger.Exit{Container: "main", RestartCount: 1, WillRestart: willRestart}}
+	}
+	with := func(r ledger.Record, f func(*ledger.Record)) ledger.Record { f(&r); return r }
+	gone := func(state string) *ledger.Gone { return &ledger.Gone{State: state, At: t0} }
+
+	for _, tc := range []struct {
+		name      string
+		rec       ledger.Record
+		now       time.Time
+		policy    Policy
+		pod       string // outcome key, "" for no write
+		terminate bool
+		wait      bool
+	}{
+		{name: "fresh exit", rec: exitRec(false), pod: "exit/1", terminate: true},
+		{name: "restart keeps instance", rec: exitRec(true), pod: "exit/1"},
+		{name: "exit already on pod", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced = "exit/1" }), terminate: true},
+		{name: "all done", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Terminated = "exit/1", t0 })},
+		{name: "newer restart than synced", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced = "exit/0" }), pod: "exit/1"},
+		{name: "exit after terminated event", rec: with(exitRec(false), func(r *ledger.Record) { r.Gone, r.LastState = gone("terminated"), "terminated" }), pod: "exit/1"},
+		{name: "gone inside window", rec: ledger.Record{InstanceID: "i-1", Gone: gone("terminated"), LastState: "terminated"}, now: t0.Add(time.Minute), wait: true},
+		{name: "gone window expired", rec: ledger.Record{InstanceID: "i-1", Gone: gone("terminated"), LastState: "terminated"}, now: t0.Add(3 * time.Minute), pod: "lost"},
+		{name: "stopped: terminate now, pod later", rec: ledger.Record{InstanceID: "i-1", Gone: gone("stopped"), LastState: "stopped"}, now: t0, terminate: true, wait: true},
+		{name: "stopped, knob off", rec: ledger.Record{InstanceID: "i-1", Gone: gone("stopped"), LastState: "stopped"}, now: t0, policy: Policy{ExitWait: time.Minute}, wait: true},
+		{name: "lost is final", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Gone, r.LastState = "lost", gone("terminated"), "terminated" })},
+		{name: "running, nothing known", rec: ledger.Record{InstanceID: "i-1", LastState: "running"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := tc.policy
+			if p == (Policy{}) {
+				p = policy
+			}
+			plan := Decide(tc.rec, tc.now, p)
+			if got := outcomeKey(plan.Pod); got != tc.pod {
+				t.Errorf("pod outcome %q, want %q", got, tc.pod)
+			}
+			if plan.Terminate != tc.terminate {
+				t.Errorf("terminate %v, want %v", plan.Terminate, tc.terminate)
+			}
+			if !plan.WaitUntil.IsZero() != tc.wait {
+				t.Errorf("wait until %v, want waiting=%v", plan.WaitUntil, tc.wait)
+			}
+		})
+	}
+}

@@ -1,0 +1,88 @@
+package reaper
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/reaper-k8s/reaper/pkg/exitline"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+)
+
+// ExitSummary counts what one exit batch came to.
+type ExitSummary struct {
+	InstanceID string `json:"instanceId"`
+	Lines      int    `json:"lines"`
+	Recorded   int    `json:"recorded"`
+	Rejected   int    `json:"rejected"`
+	PodResult  string `json:"podResult,omitempty"`
+	Terminate  string `json:"terminate,omitempty"`
+}
+
+// HandleExits records a batch's exit lines and reconciles the instance. Bad
+// lines are logged and counted, never fatal to the batch. The exits are in
+// the ledger before any side effect, so an error returned here (the
+// invocation is retried) loses nothing and the retry redoes only what is
+// missing.
+func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary, error) {
+	sum := ExitSummary{InstanceID: b.InstanceID, Lines: len(b.Lines) + len(b.Rejected), Rejected: len(b.Rejected)}
+	for _, rej := range b.Rejected {
+		r.Log.LogAttrs(ctx, slog.LevelWarn, "exit line rejected",
+			slog.String("instance", b.InstanceID), slog.String("eventId", rej.EventID), slog.String("error", rej.Err.Error()))
+	}
+	if len(b.Lines) == 0 {
+		return sum, nil
+	}
+
+	var (
+		rec ledger.Record
+		err error
+	)
+	for _, l := range b.Lines {
+		pod, exit := fromLine(l)
+		if r.DryRun {
+			rec, err = r.dryRecord(ctx, b.InstanceID, pod, exit)
+		} else {
+			rec, err = r.Ledger.RecordExit(ctx, b.InstanceID, pod, exit)
+		}
+		if err != nil {
+			// Nothing after this line was recorded: fail so the batch is
+			// delivered again.
+			return sum, fmt.Errorf("record exit of %s: %w", b.InstanceID, err)
+		}
+		sum.Recorded++
+	}
+	rep, err := r.Reconcile(ctx, rec, nil)
+	sum.PodResult, sum.Terminate = string(rep.PodResult), string(rep.TerminateResult)
+	return sum, err
+}
+
+// dryRecord is RecordExit without the write: the record as it would stand.
+func (r *Reaper) dryRecord(ctx context.Context, id string, pod ledger.PodRef, exit ledger.Exit) (ledger.Record, error) {
+	rec, _, err := r.Ledger.Get(ctx, id)
+	if err != nil {
+		return rec, err
+	}
+	if rec.Exit == nil || rec.Exit.RestartCount <= exit.RestartCount {
+		rec.InstanceID, rec.Pod, rec.Exit = id, pod, &exit
+	}
+	return rec, nil
+}
+
+func fromLine(l exitline.Line) (ledger.PodRef, ledger.Exit) {
+	return ledger.PodRef{Namespace: l.PodNamespace, Name: l.PodName, UID: l.PodUID},
+		ledger.Exit{
+			Container:        l.Container,
+			ContainerID:      l.ContainerID,
+			ExitCode:         l.ExitCode,
+			OOMKilled:        l.OOMKilled,
+			Signal:           l.Signal,
+			Error:            l.Error,
+			StartedAt:        l.StartedAt,
+			FinishedAt:       l.FinishedAt,
+			RestartCount:     l.RestartCount,
+			RuntimeRestarted: l.RuntimeRestarted,
+			WillRestart:      l.WillRestart,
+			BackoffSeconds:   l.BackoffSeconds,
+		}
+}

@@ -1,0 +1,122 @@
+package reaper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/kube"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/podstatus"
+)
+
+// Ledger is the instance ledger (package ledger).
+type Ledger interface {
+	Get(ctx context.Context, instanceID string) (ledger.Record, bool, error)
+	RecordExit(ctx context.Context, instanceID string, pod ledger.PodRef, exit ledger.Exit) (ledger.Record, error)
+	RecordState(ctx context.Context, instanceID string, pod ledger.PodRef, state string, at time.Time, gone bool) (ledger.Record, error)
+	MarkDone(ctx context.Context, instanceID string, d ledger.Done) error
+	Scan(ctx context.Context, fn func(ledger.Record) error) error
+}
+
+// Pods writes Pod status (package kube).
+type Pods interface {
+	Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome) (kube.Result, error)
+}
+
+// Fleet reads and terminates EC2 instances (package instances).
+type Fleet interface {
+	Describe(ctx context.Context, ids []string) (map[string]instances.Instance, error)
+	Terminate(ctx context.Context, ids []string, known map[string]instances.Instance) (map[string]instances.Outcome, error)
+	ListManaged(ctx context.Context, fn func(instances.Instance) error) error
+}
+
+// Reaper carries out plans.
+type Reaper struct {
+	Ledger Ledger
+	Pods   Pods
+	Fleet  Fleet
+	Policy Policy
+	// DryRun decides and logs but changes nothing, the ledger included.
+	DryRun bool
+	Log    *slog.Logger
+	Now    func() time.Time
+}
+
+// Step results reported per instance.
+type Report struct {
+	InstanceID string
+	Plan       Plan
+	// PodResult is set when a Pod write was attempted.
+	PodResult kube.Result
+	// TerminateResult is set when termination was attempted.
+	TerminateResult instances.Outcome
+}
+
+// Reconcile decides and carries out the plan for one record. The Pod step
+// and the terminate step run concurrently and independently: a Kubernetes
+// outage must not keep an instance billing, and a failed terminate must not
+// hide the exit. Both done steps are then marked in one ledger write.
+// known, when not nil, is the instance as just described (saves a lookup).
+func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, known map[string]instances.Instance) (Report, error) {
+	plan := Decide(rec, r.Now(), r.Policy)
+	rep := Report{InstanceID: rec.InstanceID, Plan: plan}
+	var (
+		wg              sync.WaitGroup
+		podErr, termErr error
+	)
+	if plan.Pod != nil {
+		if rec.Pod.UID == "" {
+			podErr = fmt.Errorf("instance %s: no Pod known for it (no exit line and no pod tags)", rec.InstanceID)
+		} else {
+			wg.Go(func() { rep.PodResult, podErr = r.Pods.Apply(ctx, rec.Pod, *plan.Pod) })
+		}
+	}
+	if plan.Terminate {
+		wg.Go(func() {
+			var out map[string]instances.Outcome
+			out, termErr = r.Fleet.Terminate(ctx, []string{rec.InstanceID}, known)
+			rep.TerminateResult = out[rec.InstanceID]
+		})
+	}
+	wg.Wait()
+
+	var done ledger.Done
+	if plan.Pod != nil && podErr == nil && rep.PodResult != kube.DryRun {
+		done.PodSynced = plan.Pod.Key()
+	}
+	if plan.Terminate && termErr == nil && rep.TerminateResult != instances.WouldTerminate {
+		done.Terminated = true
+	}
+	var markErr error
+	if !r.DryRun {
+		markErr = r.Ledger.MarkDone(ctx, rec.InstanceID, done)
+	}
+	r.Log.LogAttrs(ctx, logLevel(podErr, termErr, markErr), "reconciled",
+		slog.String("instance", rec.InstanceID),
+		slog.String("pod", rec.Pod.String()),
+		slog.String("outcome", outcomeKey(plan.Pod)),
+		slog.String("podResult", string(rep.PodResult)),
+		slog.String("terminateResult", string(rep.TerminateResult)),
+		slog.Bool("dryRun", r.DryRun),
+	)
+	return rep, errors.Join(podErr, termErr, markErr)
+}
+
+func outcomeKey(o *podstatus.Outcome) string {
+	if o == nil {
+		return ""
+	}
+	return o.Key()
+}
+
+func logLevel(errs ...error) slog.Level {
+	if errors.Join(errs...) != nil {
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}

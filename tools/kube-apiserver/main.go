@@ -1,0 +1,20 @@
+// Command kube-apiserver builds the upstream Kubernetes API server from the
+// k8s.io/kubernetes module so the integration tests run against the real
+// thing. It lives in its own module so k8s.io/kubernetes never enters the
+// main go.mod.
+package main
+
+import (
+	"os"
+	_ "time/tzdata"
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewAPIServerCommand()))
+}
