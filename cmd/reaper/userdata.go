@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/reaper-k8s/reaper/pkg/userdata"
+)
+
+func init() {
+	register("userdata", subcommand{
+		summary: "render a Pod's user-data, wrapper, agent configuration, tags or launch settings",
+		run:     runUserdata,
+	})
+}
+
+// userdataList is a repeatable string flag.
+type userdataList []string
+
+func (l *userdataList) String() string     { return strings.Join(*l, " ") }
+func (l *userdataList) Set(v string) error { *l = append(*l, v); return nil }
+
+const userdataUsage = `usage: reaper userdata [-f pod.json] [flags]
+
+Renders what a provider puts on the instance of one Pod. The Pod comes from
+-f (a JSON object with the fields of userdata.Pod: namespace, name, uid,
+container, image, command, args, env [{name, value}], restartPolicy; "-" reads
+stdin), and/or from flags, which override the file.
+
+-o selects the output:
+  userdata      the user-data script (default)
+  wrapper       /usr/local/bin/reaper-wrapper
+  config        /etc/reaper/workload.conf
+  env-file      /etc/reaper/workload.env
+  unit          reaper-workload.service
+  agent-config  the CloudWatch agent configuration
+  run-args      the docker run arguments, as JSON
+  tags          the instance tags, as JSON
+  launch        all launch settings (user-data, base64, tags, shutdown behavior), as JSON
+
+flags:
+`
+
+func runUserdata(_ context.Context, args []string) error {
+	fs := flag.NewFlagSet("userdata", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), userdataUsage)
+		fs.PrintDefaults()
+	}
+	var (
+		file, output, out                           string
+		namespace, name, uid, container, image, pol string
+		opts                                        userdata.Options
+		command, podArgs, env, runArgs              userdataList
+		tagManaged, tagNamespace, tagName, tagUID   string
+	)
+	fs.StringVar(&file, "f", "", "Pod JSON file (- for stdin)")
+	fs.StringVar(&output, "o", "userdata", "what to print (see above)")
+	fs.StringVar(&out, "out", "", "write to this file instead of stdout")
+	fs.StringVar(&namespace, "namespace", "", "Pod namespace")
+	fs.StringVar(&name, "name", "", "Pod name")
+	fs.StringVar(&uid, "uid", "", "Pod UID")
+	fs.StringVar(&container, "container", "", "container name")
+	fs.StringVar(&image, "image", "", "container image")
+	fs.Var(&command, "command", "one word of the container command (repeat; replaces the entrypoint)")
+	fs.Var(&podArgs, "arg", "one container argument (repeat)")
+	fs.Var(&env, "env", "NAME=VALUE environment variable (repeat)")
+	fs.StringVar(&pol, "restart-policy", "", "Always (default), OnFailure or Never")
+	fs.StringVar(&opts.LogGroup, "log-group", userdata.DefaultLogGroup, "CloudWatch Logs group for exit lines")
+	fs.StringVar(&opts.ExitLogPath, "exit-log", userdata.DefaultExitLogPath, "exit log file on the instance")
+	fs.StringVar(&opts.ContainerCLI, "container-cli", userdata.DefaultContainerCLI, "docker-compatible CLI on the instance")
+	fs.IntVar(&opts.MaxRestarts, "max-restarts", 0, "cap on in-place restarts (0: unlimited)")
+	fs.DurationVar(&opts.ShutdownDelay, "shutdown-delay", userdata.DefaultShutdownDelay, "power off this long after the final exit if still running")
+	fs.Var(&runArgs, "docker-run-arg", "extra docker run argument (repeat, e.g. -docker-run-arg=--gpus -docker-run-arg=all)")
+	fs.StringVar(&tagManaged, "tag-key-managed", userdata.DefaultTagManaged, "tag key marking managed instances")
+	fs.StringVar(&tagNamespace, "tag-key-namespace", userdata.DefaultTagNamespace, "tag key for the Pod namespace")
+	fs.StringVar(&tagName, "tag-key-name", userdata.DefaultTagName, "tag key for the Pod name")
+	fs.StringVar(&tagUID, "tag-key-uid", userdata.DefaultTagUID, "tag key for the Pod UID")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+
+	var pod userdata.Pod
+	if file != "" {
+		var err error
+		if pod, err = readPodFile(file); err != nil {
+			return err
+		}
+	}
+	// Flags given on the command line override the file.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for flagName, f := range map[string]struct {
+		dst *string
+		v   string
+	}{
+		"namespace": {&pod.Namespace, namespace}, "name": {&pod.Name, name}, "uid": {&pod.UID, uid},
+		"container": {&pod.Container, container}, "image": {&pod.Image, image}, "restart-policy": {&pod.RestartPolicy, pol},
+	} {
+		if set[flagName] {
+			*f.dst = f.v
+		}
+	}
+	if set["command"] {
+		pod.Command = command
+	}
+	if set["arg"] {
+		pod.Args = podArgs
+	}
+	if set["env"] {
+		pod.Env = nil
+		for _, kv := range env {
+			n, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				return fmt.Errorf("-env %q: want NAME=VALUE", kv)
+			}
+			pod.Env = append(pod.Env, userdata.EnvVar{Name: n, Value: v})
+		}
+	}
+	opts.DockerRunArgs = runArgs
+	opts.TagKeys = userdata.TagKeys{Managed: tagManaged, Namespace: tagNamespace, Name: tagName, UID: tagUID}
+
+	text, err := renderUserdataOutput(output, pod, opts)
+	if err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "userdata: "))
+	}
+	if out == "" {
+		_, err = io.WriteString(os.Stdout, text)
+		return err
+	}
+	mode := os.FileMode(0o644)
+	if output == "config" || output == "env-file" || output == "launch" {
+		mode = 0o600 // the container's environment
+	}
+	return os.WriteFile(out, []byte(text), mode)
+}
+
+func readPodFile(path string) (userdata.Pod, error) {
+	var b []byte
+	var err error
+	if path == "-" {
+		b, err = io.ReadAll(os.Stdin)
+	} else {
+		b, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return userdata.Pod{}, err
+	}
+	var pod userdata.Pod
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&pod); err != nil {
+		return userdata.Pod{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return pod, nil
+}
+
+func renderUserdataOutput(output string, pod userdata.Pod, opts userdata.Options) (string, error) {
+	asJSON := func(v any) (string, error) {
+		b, err := json.MarshalIndent(v, "", "  ")
+		return string(b) + "\n", err
+	}
+	if output != "wrapper" && output != "unit" && output != "agent-config" {
+		if err := pod.Validate(); err != nil {
+			return "", err
+		}
+	}
+	switch output {
+	case "userdata":
+		return userdata.Render(pod, opts)
+	case "wrapper":
+		return userdata.Wrapper(), nil
+	case "config":
+		return userdata.WrapperConfig(pod, opts)
+	case "env-file":
+		return userdata.EnvFile(pod)
+	case "unit":
+		return userdata.Unit(opts)
+	case "agent-config":
+		b, err := userdata.AgentConfig(opts)
+		return string(b), err
+	case "run-args":
+		a, err := userdata.RunArgs(pod, opts)
+		if err != nil {
+			return "", err
+		}
+		return asJSON(a)
+	case "tags":
+		return asJSON(userdata.Tags(pod, opts.TagKeys))
+	case "launch":
+		ls, err := userdata.Launch(pod, opts)
+		if err != nil {
+			return "", err
+		}
+		return asJSON(ls)
+	}
+	return "", fmt.Errorf("-o %q: want userdata, wrapper, config, env-file, unit, agent-config, run-args, tags or launch", output)
+}

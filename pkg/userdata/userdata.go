@@ -1,0 +1,654 @@
+// Package userdata renders what a provider puts on the EC2 instance it
+// launches for one Pod: the user-data that installs the workload supervisor
+// (reaper-wrapper, a POSIX shell script run by the systemd unit
+// reaper-workload.service), its configuration, and the CloudWatch agent
+// configuration that ships the supervisor's exit lines (exit line v1) to the
+// log group Reaper subscribes to. It also gives the instance tags and the
+// launch settings Reaper relies on.
+//
+// A provider calls Launch (or Render, Tags and LaunchSettings separately)
+// instead of writing its own script. The pieces (Wrapper, WrapperConfig,
+// EnvFile, Unit, AgentConfig) are exported for providers that assemble their
+// own user-data, e.g. as a cloud-init multipart.
+package userdata
+
+import (
+	"bytes"
+	"compress/gzip"
+	_ "embed"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"text/template"
+	"time"
+	"unicode/utf8"
+)
+
+// Restart policies, as in the Pod spec.
+const (
+	RestartAlways    = "Always"
+	RestartOnFailure = "OnFailure"
+	RestartNever     = "Never"
+)
+
+// Defaults for Options and TagKeys.
+const (
+	DefaultLogGroup      = "/reaper/exits"
+	DefaultExitLogPath   = "/var/log/reaper/exit.log"
+	DefaultContainerCLI  = "docker"
+	DefaultShutdownDelay = 10 * time.Minute
+
+	DefaultTagManaged   = "reaper.io/managed"
+	DefaultTagNamespace = "reaper.io/pod-namespace"
+	DefaultTagName      = "reaper.io/pod-name"
+	DefaultTagUID       = "reaper.io/pod-uid"
+)
+
+// Where the user-data installs things on the instance.
+const (
+	WrapperPath     = "/usr/local/bin/reaper-wrapper"
+	ConfigPath      = "/etc/reaper/workload.conf"
+	EnvFilePath     = "/etc/reaper/workload.env"
+	UnitName        = "reaper-workload.service"
+	UnitPath        = "/etc/systemd/system/" + UnitName
+	AgentConfigPath = "/opt/aws/amazon-cloudwatch-agent/etc/reaper-exits.json"
+	StateDir        = "/var/lib/reaper"
+)
+
+// MaxUserDataBytes is EC2's limit on user-data before base64 encoding.
+const MaxUserDataBytes = 16384
+
+// ShutdownBehaviorTerminate is the InstanceInitiatedShutdownBehavior the
+// provider must launch with: the wrapper's last-resort power-off then
+// terminates the instance instead of leaving it stopped.
+const ShutdownBehaviorTerminate = "terminate"
+
+// EnvVar is one environment variable of the container, in Pod spec order.
+type EnvVar struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// Pod is what the user-data needs of a Pod and its (single) container. The
+// JSON names follow the Kubernetes API.
+type Pod struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+	// Container is the container's name in the Pod spec.
+	Container string `json:"container"`
+	Image     string `json:"image"`
+	// Command replaces the image's entrypoint and Args its command, as in
+	// Kubernetes. Command[0] becomes --entrypoint.
+	Command []string `json:"command,omitempty"`
+	Args    []string `json:"args,omitempty"`
+	Env     []EnvVar `json:"env,omitempty"`
+	// RestartPolicy is Always, OnFailure or Never; empty means Always, as
+	// Kubernetes defaults it.
+	RestartPolicy string `json:"restartPolicy,omitempty"`
+}
+
+// Options tune the rendering; the zero value gives the defaults.
+type Options struct {
+	// LogGroup receives the exit lines (default /reaper/exits). It must be
+	// the group the Reaper construct subscribes to.
+	LogGroup string
+	// ExitLogPath is the file the wrapper appends exit lines to and the
+	// agent ships (default /var/log/reaper/exit.log).
+	ExitLogPath string
+	// ContainerCLI is the docker-compatible CLI that runs the workload
+	// (default docker; nerdctl and podman take the same commands). Only with
+	// docker does the user-data turn on live-restore.
+	ContainerCLI string
+	// MaxRestarts caps in-place restarts (0: unlimited). When the cap is
+	// reached the Pod ends with that exit.
+	MaxRestarts int
+	// ShutdownDelay is how long after the final exit line the wrapper waits
+	// for the reaper to terminate the instance before powering it off
+	// itself (default 10m; rounded up to whole seconds).
+	ShutdownDelay time.Duration
+	// DockerRunArgs are extra flags for "docker run", e.g. "--gpus", "all".
+	DockerRunArgs []string
+	// TagKeys overrides the instance tag keys; empty fields keep defaults.
+	TagKeys TagKeys
+}
+
+// TagKeys are the keys of the instance tags Reaper reads.
+type TagKeys struct {
+	Managed, Namespace, Name, UID string
+}
+
+// DefaultTagKeys returns the contract's default tag keys.
+func DefaultTagKeys() TagKeys {
+	return TagKeys{Managed: DefaultTagManaged, Namespace: DefaultTagNamespace, Name: DefaultTagName, UID: DefaultTagUID}
+}
+
+func (k TagKeys) withDefaults() TagKeys {
+	d := DefaultTagKeys()
+	if k.Managed == "" {
+		k.Managed = d.Managed
+	}
+	if k.Namespace == "" {
+		k.Namespace = d.Namespace
+	}
+	if k.Name == "" {
+		k.Name = d.Name
+	}
+	if k.UID == "" {
+		k.UID = d.UID
+	}
+	return k
+}
+
+// Tags returns the tags the provider writes on the instance at launch;
+// empty fields of keys take the defaults.
+func Tags(pod Pod, keys TagKeys) map[string]string {
+	keys = keys.withDefaults()
+	return map[string]string{
+		keys.Managed:   "true",
+		keys.Namespace: pod.Namespace,
+		keys.Name:      pod.Name,
+		keys.UID:       pod.UID,
+	}
+}
+
+// LaunchSettings is everything a provider sets on RunInstances for the Pod.
+type LaunchSettings struct {
+	// UserData is the rendered script, and UserDataBase64 the value for
+	// RunInstances' UserData (gzip-compressed first when the script is over
+	// 16 KiB; cloud-init unpacks it).
+	UserData       string `json:"userData"`
+	UserDataBase64 string `json:"userDataBase64"`
+	// Tags go on the instance (TagSpecifications, resource type instance).
+	Tags map[string]string `json:"tags"`
+	// InstanceInitiatedShutdownBehavior is always "terminate".
+	InstanceInitiatedShutdownBehavior string `json:"instanceInitiatedShutdownBehavior"`
+	// MetadataHTTPTokens is "required": the wrapper speaks IMDSv2 only.
+	MetadataHTTPTokens string `json:"metadataHttpTokens"`
+}
+
+// Launch validates pod and opts and returns the launch settings.
+func Launch(pod Pod, opts Options) (LaunchSettings, error) {
+	script, err := Render(pod, opts)
+	if err != nil {
+		return LaunchSettings{}, err
+	}
+	enc, err := EncodeUserData(script)
+	if err != nil {
+		return LaunchSettings{}, err
+	}
+	return LaunchSettings{
+		UserData:                          script,
+		UserDataBase64:                    enc,
+		Tags:                              Tags(pod, opts.TagKeys),
+		InstanceInitiatedShutdownBehavior: ShutdownBehaviorTerminate,
+		MetadataHTTPTokens:                "required",
+	}, nil
+}
+
+// EncodeUserData base64-encodes script for RunInstances, gzip-compressing it
+// first when it exceeds MaxUserDataBytes. It fails when even that is too big.
+func EncodeUserData(script string) (string, error) {
+	data := []byte(script)
+	if len(data) > MaxUserDataBytes {
+		var b bytes.Buffer
+		zw, _ := gzip.NewWriterLevel(&b, gzip.BestCompression)
+		_, _ = zw.Write(data)
+		if err := zw.Close(); err != nil {
+			return "", err
+		}
+		if b.Len() > MaxUserDataBytes {
+			return "", fmt.Errorf("userdata: user-data is %d bytes gzip-compressed, over EC2's %d", b.Len(), MaxUserDataBytes)
+		}
+		data = b.Bytes()
+	}
+	return base64.StdEncoding.EncodeToString(data), nil
+}
+
+//go:embed templates/wrapper.sh
+var wrapperScript string
+
+//go:embed templates/userdata.sh.tmpl
+var userdataTemplate string
+
+//go:embed templates/unit.service.tmpl
+var unitTemplate string
+
+var (
+	tmplUserdata = template.Must(template.New("userdata").Parse(userdataTemplate))
+	tmplUnit     = template.Must(template.New("unit").Parse(unitTemplate))
+)
+
+// Wrapper returns the supervisor script installed at WrapperPath. It is the
+// same for every Pod; WrapperConfig carries the Pod. It is
+// templates/wrapper.sh without its comment lines (EC2 limits user-data to
+// 16 KiB); shellcheck directives stay.
+func Wrapper() string { return installedWrapper }
+
+var installedWrapper = stripComments(wrapperScript)
+
+func stripComments(s string) string {
+	lines := strings.SplitAfter(s, "\n")
+	var b strings.Builder
+	b.WriteString(lines[0])
+	b.WriteString("# reaper-wrapper, from github.com/reaper-k8s/reaper pkg/userdata/templates/wrapper.sh (comments removed).\n")
+	for _, l := range lines[1:] {
+		t := strings.TrimLeft(l, " \t")
+		if strings.HasPrefix(t, "#") && !strings.HasPrefix(t, "# shellcheck ") {
+			continue
+		}
+		b.WriteString(l)
+	}
+	return b.String()
+}
+
+var (
+	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	uidPattern   = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	logGroupName = regexp.MustCompile(`^[A-Za-z0-9._/#-]{1,512}$`)
+	plainPath    = regexp.MustCompile(`^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$`)
+	cliName      = regexp.MustCompile(`^[A-Za-z0-9._/-]+$`)
+)
+
+func validLabel(s string) bool { return len(s) <= 63 && dnsLabel.MatchString(s) }
+
+func validSubdomain(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if !validLabel(l) {
+			return false
+		}
+	}
+	return true
+}
+
+// text checks a free-form value: UTF-8 without NUL (the shell cannot carry NUL).
+func text(what, s string) error {
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%s is not valid UTF-8", what)
+	}
+	if strings.ContainsRune(s, 0) {
+		return fmt.Errorf("%s contains a NUL byte", what)
+	}
+	return nil
+}
+
+// Validate reports every problem with the Pod at once.
+func (p Pod) Validate() error {
+	var errs []error
+	if !validLabel(p.Namespace) {
+		errs = append(errs, fmt.Errorf("namespace %q is not a DNS label", p.Namespace))
+	}
+	if !validSubdomain(p.Name) {
+		errs = append(errs, fmt.Errorf("name %q is not a DNS subdomain", p.Name))
+	}
+	if !uidPattern.MatchString(p.UID) {
+		errs = append(errs, fmt.Errorf("uid %q is not a UUID", p.UID))
+	}
+	if !validLabel(p.Container) {
+		errs = append(errs, fmt.Errorf("container %q is not a DNS label", p.Container))
+	}
+	switch {
+	case p.Image == "":
+		errs = append(errs, errors.New("image is empty"))
+	case strings.HasPrefix(p.Image, "-") || strings.IndexFunc(p.Image, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 || !utf8.ValidString(p.Image):
+		errs = append(errs, fmt.Errorf("image %q is not an image reference", p.Image))
+	}
+	switch p.RestartPolicy {
+	case "", RestartAlways, RestartOnFailure, RestartNever:
+	default:
+		errs = append(errs, fmt.Errorf("restartPolicy %q is not Always, OnFailure or Never", p.RestartPolicy))
+	}
+	if len(p.Command) > 0 && p.Command[0] == "" {
+		errs = append(errs, errors.New("command[0] is empty"))
+	}
+	for i, s := range p.Command {
+		if err := text(fmt.Sprintf("command[%d]", i), s); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for i, s := range p.Args {
+		if err := text(fmt.Sprintf("args[%d]", i), s); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for i, e := range p.Env {
+		if e.Name == "" || strings.ContainsRune(e.Name, '=') || strings.IndexFunc(e.Name, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 || !utf8.ValidString(e.Name) {
+			errs = append(errs, fmt.Errorf("env[%d] name %q is empty or has '=', spaces or control characters", i, e.Name))
+		}
+		if err := text(fmt.Sprintf("env[%d] (%s) value", i, e.Name), e.Value); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("userdata: invalid pod: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// resolved is Options with defaults applied and checked.
+type resolved struct {
+	Options
+	delaySeconds int
+}
+
+func (o Options) resolve() (resolved, error) {
+	var errs []error
+	if o.LogGroup == "" {
+		o.LogGroup = DefaultLogGroup
+	}
+	if o.ExitLogPath == "" {
+		o.ExitLogPath = DefaultExitLogPath
+	}
+	if o.ContainerCLI == "" {
+		o.ContainerCLI = DefaultContainerCLI
+	}
+	if o.ShutdownDelay == 0 {
+		o.ShutdownDelay = DefaultShutdownDelay
+	}
+	if !logGroupName.MatchString(o.LogGroup) {
+		errs = append(errs, fmt.Errorf("log group %q is not a CloudWatch Logs group name", o.LogGroup))
+	}
+	if !plainPath.MatchString(o.ExitLogPath) || strings.Contains(o.ExitLogPath, "..") {
+		errs = append(errs, fmt.Errorf("exit log path %q must be absolute and use only letters, digits and . _ - /", o.ExitLogPath))
+	}
+	if !cliName.MatchString(o.ContainerCLI) || strings.HasPrefix(o.ContainerCLI, "-") {
+		errs = append(errs, fmt.Errorf("container CLI %q is not a command name or path", o.ContainerCLI))
+	}
+	if o.MaxRestarts < 0 {
+		errs = append(errs, fmt.Errorf("max restarts %d is negative", o.MaxRestarts))
+	}
+	if o.ShutdownDelay < 0 {
+		errs = append(errs, fmt.Errorf("shutdown delay %v is negative", o.ShutdownDelay))
+	}
+	for i, a := range o.DockerRunArgs {
+		if err := text(fmt.Sprintf("docker run arg %d", i), a); err != nil {
+			errs = append(errs, err)
+		}
+		for _, owned := range []string{"--rm", "--name", "--restart"} {
+			if a == owned || strings.HasPrefix(a, owned+"=") {
+				errs = append(errs, fmt.Errorf("docker run arg %q: the wrapper owns %s", a, owned))
+			}
+		}
+	}
+	keys := o.TagKeys.withDefaults()
+	for _, k := range []string{keys.Managed, keys.Namespace, keys.Name, keys.UID} {
+		if len(k) > 128 || strings.HasPrefix(strings.ToLower(k), "aws:") || !utf8.ValidString(k) {
+			errs = append(errs, fmt.Errorf("tag key %q is not a valid EC2 tag key", k))
+		}
+	}
+	if len(errs) > 0 {
+		return resolved{}, fmt.Errorf("userdata: invalid options: %w", errors.Join(errs...))
+	}
+	secs := int((o.ShutdownDelay + time.Second - 1) / time.Second)
+	return resolved{Options: o, delaySeconds: secs}, nil
+}
+
+func (p Pod) policy() string {
+	if p.RestartPolicy == "" {
+		return RestartAlways
+	}
+	return p.RestartPolicy
+}
+
+// shq quotes s as one shell word.
+func shq(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+var bareWord = regexp.MustCompile(`^[A-Za-z0-9_./:@%+,=-]+$`)
+
+// shword quotes s as one shell word, leaving plain words bare for reading.
+func shword(s string) string {
+	if bareWord.MatchString(s) && !strings.HasPrefix(s, "=") {
+		return s
+	}
+	return shq(s)
+}
+
+// envFileSafe reports whether e can go through docker's --env-file, which
+// is line based, strips a trailing carriage return and skips # comments.
+func envFileSafe(e EnvVar) bool {
+	return !strings.ContainsAny(e.Value, "\n\r") && !strings.HasPrefix(e.Name, "#")
+}
+
+// EnvFile returns the --env-file the user-data writes at EnvFilePath: one
+// NAME=value line per variable ("" when there is none). A variable the
+// format cannot carry (a line break in the value, a name starting with #)
+// is passed as a -e argument instead.
+func EnvFile(pod Pod) (string, error) {
+	if err := pod.Validate(); err != nil {
+		return "", err
+	}
+	return envFile(pod), nil
+}
+
+func envFile(pod Pod) string {
+	var b strings.Builder
+	for _, e := range pod.Env {
+		if envFileSafe(e) {
+			b.WriteString(e.Name + "=" + e.Value + "\n")
+		}
+	}
+	return b.String()
+}
+
+// RunArgs returns the arguments the wrapper passes to "docker run -d --name
+// reaper-<container>-<restartCount>": labels, environment, extra flags,
+// entrypoint, image, command and args.
+func RunArgs(pod Pod, opts Options) ([]string, error) {
+	if err := pod.Validate(); err != nil {
+		return nil, err
+	}
+	if _, err := opts.resolve(); err != nil {
+		return nil, err
+	}
+	return runArgs(pod, opts), nil
+}
+
+func runArgs(pod Pod, opts Options) []string {
+	a := []string{
+		"--label", "reaper.io/pod-namespace=" + pod.Namespace,
+		"--label", "reaper.io/pod-name=" + pod.Name,
+		"--label", "reaper.io/pod-uid=" + pod.UID,
+		"--label", "reaper.io/container=" + pod.Container,
+	}
+	if envFile(pod) != "" {
+		a = append(a, "--env-file", EnvFilePath)
+	}
+	for _, e := range pod.Env {
+		if !envFileSafe(e) {
+			a = append(a, "-e", e.Name+"="+e.Value)
+		}
+	}
+	a = append(a, opts.DockerRunArgs...)
+	if len(pod.Command) > 0 {
+		a = append(a, "--entrypoint", pod.Command[0], pod.Image)
+		a = append(a, pod.Command[1:]...)
+	} else {
+		a = append(a, pod.Image)
+	}
+	return append(a, pod.Args...)
+}
+
+// WrapperConfig returns the shell file the wrapper reads (ConfigPath).
+func WrapperConfig(pod Pod, opts Options) (string, error) {
+	if err := pod.Validate(); err != nil {
+		return "", err
+	}
+	r, err := opts.resolve()
+	if err != nil {
+		return "", err
+	}
+	return wrapperConfig(pod, r), nil
+}
+
+func wrapperConfig(pod Pod, r resolved) string {
+	podJSON, _ := json.Marshal(struct {
+		Namespace string `json:"podNamespace"`
+		Name      string `json:"podName"`
+		UID       string `json:"podUID"`
+		Container string `json:"container"`
+	}{pod.Namespace, pod.Name, pod.UID, pod.Container})
+	words := make([]string, 0, 16)
+	for _, a := range runArgs(pod, r.Options) {
+		words = append(words, shword(a))
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Reaper workload for Pod %s/%s, read by %s.\n", pod.Namespace, pod.Name, WrapperPath)
+	// Sourced, so its variables are used elsewhere; the quoting is literal on purpose.
+	b.WriteString("# shellcheck shell=sh disable=SC2034,SC1003,SC2016\n")
+	for _, kv := range [][2]string{
+		{"REAPER_POD_NAMESPACE", shq(pod.Namespace)},
+		{"REAPER_POD_NAME", shq(pod.Name)},
+		{"REAPER_POD_UID", shq(pod.UID)},
+		{"REAPER_CONTAINER", shq(pod.Container)},
+		{"REAPER_IMAGE", shq(pod.Image)},
+		{"REAPER_RESTART_POLICY", shq(pod.policy())},
+		{"REAPER_MAX_RESTARTS", fmt.Sprint(r.MaxRestarts)},
+		{"REAPER_SHUTDOWN_DELAY", fmt.Sprint(r.delaySeconds)},
+		{"REAPER_EXIT_LOG", shq(r.ExitLogPath)},
+		{"REAPER_CLI", shq(r.ContainerCLI)},
+		{"REAPER_POD_JSON", shq(string(bytes.TrimSuffix(bytes.TrimPrefix(podJSON, []byte("{")), []byte("}"))))},
+	} {
+		b.WriteString(kv[0] + "=" + kv[1] + "\n")
+	}
+	b.WriteString("# Arguments of \"run -d --name NAME\", as shell words.\n")
+	b.WriteString("REAPER_RUN_ARGS=" + shq(strings.Join(words, " ")) + "\n")
+	return b.String()
+}
+
+// runtimeUnit is the systemd unit of the runtime behind cli, if known.
+func runtimeUnit(cli string) string {
+	switch cli[strings.LastIndex(cli, "/")+1:] {
+	case "docker":
+		return "docker.service"
+	case "nerdctl":
+		return "containerd.service"
+	}
+	return ""
+}
+
+// Unit returns the systemd unit installed at UnitPath.
+func Unit(opts Options) (string, error) {
+	r, err := opts.resolve()
+	if err != nil {
+		return "", err
+	}
+	return unit(r), nil
+}
+
+func unit(r resolved) string {
+	var b strings.Builder
+	if err := tmplUnit.Execute(&b, struct{ RuntimeUnit, Wrapper, Config string }{runtimeUnit(r.ContainerCLI), WrapperPath, ConfigPath}); err != nil {
+		panic(err) // the template is fixed; covered by tests
+	}
+	return b.String()
+}
+
+// AgentConfig returns the CloudWatch agent configuration that ships the exit
+// log to the log group, one log stream per instance, flushed every second.
+func AgentConfig(opts Options) ([]byte, error) {
+	r, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	return agentConfig(r), nil
+}
+
+func agentConfig(r resolved) []byte {
+	type file struct {
+		FilePath      string `json:"file_path"`
+		LogGroupName  string `json:"log_group_name"`
+		LogStreamName string `json:"log_stream_name"`
+	}
+	var c struct {
+		Logs struct {
+			LogsCollected struct {
+				Files struct {
+					CollectList []file `json:"collect_list"`
+				} `json:"files"`
+			} `json:"logs_collected"`
+			ForceFlushInterval int `json:"force_flush_interval"`
+		} `json:"logs"`
+	}
+	c.Logs.LogsCollected.Files.CollectList = []file{{r.ExitLogPath, r.LogGroup, "{instance_id}"}}
+	c.Logs.ForceFlushInterval = 1
+	out, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		panic(err) // plain strings and ints always marshal
+	}
+	return append(out, '\n')
+}
+
+// heredoc returns a delimiter for a quoted here-document of body: no line of
+// body equals it.
+func heredoc(body string) string {
+	d := "REAPER_EOF"
+	lines := strings.Split(body, "\n")
+	for taken := true; taken; {
+		taken = false
+		for _, l := range lines {
+			if l == d {
+				d += "_"
+				taken = true
+				break
+			}
+		}
+	}
+	return d
+}
+
+type hereDoc struct{ Body, Delim string }
+
+func newHereDoc(body string) hereDoc {
+	if body != "" && !strings.HasSuffix(body, "\n") {
+		body += "\n"
+	}
+	return hereDoc{Body: body, Delim: heredoc(body)}
+}
+
+// Render validates pod and opts and returns the user-data: a bash script
+// for cloud-init that installs the wrapper, its configuration, the systemd
+// unit and the CloudWatch agent configuration, turns on docker's
+// live-restore, and starts the agent and the unit. If any step fails, the
+// script powers the host off after the shutdown delay.
+func Render(pod Pod, opts Options) (string, error) {
+	if err := pod.Validate(); err != nil {
+		return "", err
+	}
+	r, err := opts.resolve()
+	if err != nil {
+		return "", err
+	}
+	data := struct {
+		Pod                                     Pod
+		Wrapper, Config, EnvFile, Unit, Agent   hereDoc
+		WrapperPath, ConfigPath, EnvFilePath    string
+		UnitPath, UnitName, AgentPath, StateDir string
+		ExitLog, ExitLogDir                     string
+		LiveRestore                             bool
+		FailMinutes                             int
+	}{
+		Pod:         pod,
+		Wrapper:     newHereDoc(installedWrapper),
+		Config:      newHereDoc(wrapperConfig(pod, r)),
+		EnvFile:     newHereDoc(envFile(pod)),
+		Unit:        newHereDoc(unit(r)),
+		Agent:       newHereDoc(string(agentConfig(r))),
+		WrapperPath: WrapperPath, ConfigPath: ConfigPath, EnvFilePath: EnvFilePath,
+		UnitPath: UnitPath, UnitName: UnitName, AgentPath: AgentConfigPath, StateDir: StateDir,
+		ExitLog:     r.ExitLogPath,
+		ExitLogDir:  r.ExitLogPath[:strings.LastIndex(r.ExitLogPath, "/")+1],
+		LiveRestore: runtimeUnit(r.ContainerCLI) == "docker.service",
+		FailMinutes: (r.delaySeconds + 59) / 60,
+	}
+	var b strings.Builder
+	if err := tmplUserdata.Execute(&b, data); err != nil {
+		return "", fmt.Errorf("userdata: render: %w", err)
+	}
+	return b.String(), nil
+}

@@ -1,0 +1,490 @@
+package userdata
+
+import (
+	"bytes"
+	"compress/gzip"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func hostilePod() Pod {
+	return Pod{
+		Namespace: "team-a", Name: "weird.pod-name-1", UID: "0b8f3c2e-1d4a-4c59-9a61-5e0f7d2b8c31",
+		Container: "app",
+		Image:     "registry.example.com:5000/team/app@sha256:" + strings.Repeat("ab", 32),
+		Command:   []string{"/bin/sh", "-c", `echo "$HOME" 'q' ` + "`id`" + ` $(id) \ back; exit 3`},
+		Args: []string{"", " lead", "trail ", "semi;colon&amp|pipe>redir<in", "new\nline", "REAPER_EOF", "'", "''",
+			`"`, `\`, "*", "~", "$IFS", "#comment", "-e", "--entrypoint=evil", "ünïcödé ✓", "tab\there", "cr\rhere", "%s%n"},
+		Env: []EnvVar{
+			{"PLAIN", "v"}, {"SPACES", " a b  c "}, {"QUOTES", `it's "x"`},
+			{"DOLLAR", "$HOME ${PATH} $(touch /tmp/pwned) `id`"}, {"HASH", "#x"}, {"EQ", "a=b=c"}, {"EMPTY", ""},
+			{"MULTI", "l1\nREAPER_EOF\nl3"}, {"CR", "x\r"}, {"lower.dot-dash", "ok"}, {"#HASHNAME", "h"},
+		},
+		RestartPolicy: RestartOnFailure,
+	}
+}
+
+func hostileOptions() Options {
+	return Options{
+		LogGroup: "/team-a/reaper#exits", ExitLogPath: "/var/log/reaper-exits/exit.jsonl",
+		MaxRestarts: 5, ShutdownDelay: 90 * time.Second,
+		DockerRunArgs: []string{"--gpus", "all", "--label", `note=it's "fine"`},
+		TagKeys:       TagKeys{Managed: "example.com/managed"},
+	}
+}
+
+func podmanPod() Pod {
+	return Pod{Namespace: "web", Name: "server", UID: "11111111-2222-4333-8444-555555555555",
+		Container: "nginx", Image: "docker.io/library/nginx:1.27"}
+}
+
+var goldenCases = []struct {
+	name string
+	pod  func() Pod
+	opts Options
+}{
+	{"basic", func() Pod { return jobPod(RestartNever) }, Options{}},
+	{"hostile", hostilePod, hostileOptions()},
+	{"podman", podmanPod, Options{ContainerCLI: "podman"}},
+}
+
+func TestGolden(t *testing.T) {
+	t.Parallel()
+	for _, tc := range goldenCases {
+		got, err := Render(tc.pod(), tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join("testdata", tc.name+".userdata.sh")
+		if *update {
+			if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (run go test ./pkg/userdata -update to create it)", err)
+		}
+		if got != string(want) {
+			t.Errorf("%s: rendered user-data differs from %s (run go test ./pkg/userdata -update and review the diff)", tc.name, path)
+		}
+		if len(got) > MaxUserDataBytes && tc.name != "hostile" {
+			t.Errorf("%s: user-data is %d bytes, over EC2's %d uncompressed", tc.name, len(got), MaxUserDataBytes)
+		}
+	}
+}
+
+// Every rendered script passes shellcheck: the user-data as bash, the
+// wrapper (installed and source), the configurations it sources and the
+// test doubles as POSIX sh.
+func TestShellcheck(t *testing.T) {
+	t.Parallel()
+	bash := map[string]string{}
+	sh := map[string]string{"wrapper": Wrapper(), "wrapper-source": wrapperScript}
+	for _, tc := range goldenCases {
+		ud, err := Render(tc.pod(), tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bash[tc.name+".userdata"] = ud
+		conf, err := WrapperConfig(tc.pod(), tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sh[tc.name+".conf"] = conf
+	}
+	ents, err := os.ReadDir("testdata/doubles")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("testdata/doubles", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sh["double-"+e.Name()] = string(b)
+	}
+	shellcheck(t, "bash", bash)
+	shellcheck(t, "sh", sh)
+}
+
+// runUserdata runs the user-data with bash under a scratch root, with the
+// systemctl, agent and shutdown doubles on PATH.
+func runUserdata(t *testing.T, script, root, fake string) (int, string) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "user-data")
+	writeFile(t, p, script)
+	cmd := exec.Command("bash", p)
+	cmd.Env = []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH"),
+		"REAPER_ROOT=" + root, "FAKE_DIR=" + fake, "LC_ALL=C"}
+	out, err := cmd.CombinedOutput()
+	if err != nil && cmd.ProcessState == nil {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), string(out)
+}
+
+func checkFile(t *testing.T, path, want string, mode os.FileMode) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	if string(b) != want {
+		t.Errorf("%s differs from what the API renders:\n got: %q\nwant: %q", path, b, want)
+	}
+	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm() != mode {
+		t.Errorf("%s has mode %v, want %v", path, fi.Mode().Perm(), mode)
+	}
+}
+
+// The user-data, run for real, installs exactly the pieces the API renders,
+// starts the agent and the unit, and the installed wrapper then reports.
+func TestUserdataInstalls(t *testing.T) {
+	t.Parallel()
+	for _, tc := range goldenCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			root, fake := filepath.Join(dir, "root"), filepath.Join(dir, "fake")
+			pod, opts := tc.pod(), tc.opts
+			opts.ExitLogPath = filepath.Join(dir, "log", "exit.log")
+			script, err := Render(pod, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(fake, "events"), "")
+			status, out := runUserdata(t, script, root, fake)
+			if status != 0 {
+				t.Fatalf("user-data exited %d:\n%s", status, out)
+			}
+			conf, _ := WrapperConfig(pod, opts)
+			env, _ := EnvFile(pod)
+			unit, _ := Unit(opts)
+			agent, _ := AgentConfig(opts)
+			checkFile(t, filepath.Join(root, WrapperPath), Wrapper(), 0o755)
+			checkFile(t, filepath.Join(root, ConfigPath), conf, 0o600)
+			if env != "" {
+				checkFile(t, filepath.Join(root, EnvFilePath), env, 0o600)
+			} else if _, err := os.Stat(filepath.Join(root, EnvFilePath)); err == nil {
+				t.Errorf("%s written for a Pod without environment", EnvFilePath)
+			}
+			checkFile(t, filepath.Join(root, UnitPath), unit, 0o644)
+			checkFile(t, filepath.Join(root, AgentConfigPath), string(agent), 0o644)
+			checkFile(t, filepath.Join(root, opts.ExitLogPath), "", 0o644)
+
+			h := &harness{t: t}
+			h.fake = fake
+			var want []string
+			if opts.ContainerCLI == "" {
+				checkFile(t, filepath.Join(root, "etc/docker/daemon.json"), "{\"live-restore\": true}\n", 0o644)
+				want = append(want, "systemctl try-reload-or-restart docker.service")
+			} else if _, err := os.Stat(filepath.Join(root, "etc/docker/daemon.json")); err == nil {
+				t.Errorf("daemon.json written for %s", opts.ContainerCLI)
+			}
+			want = append(want,
+				"amazon-cloudwatch-agent-ctl -a append-config -m ec2 -s -c file:"+filepath.Join(root, AgentConfigPath),
+				"systemctl daemon-reload", "systemctl enable "+UnitName, "systemctl start --no-block "+UnitName)
+			equalStrings(t, "calls", h.events(), want)
+
+			// The installed wrapper, with the installed configuration.
+			if opts.ContainerCLI != "" {
+				return // the double speaks docker's name only
+			}
+			h = newHarness(t, pod, opts, fakeRun{Exit: 0})
+			h.conf = filepath.Join(root, ConfigPath)
+			installed, _ := os.ReadFile(filepath.Join(root, WrapperPath))
+			h.run("sh", string(installed))
+			runArgs, _ := RunArgs(pod, opts)
+			equalStrings(t, "docker run argv", h.argv(1), append([]string{"-d", "--name", "reaper-" + pod.Container + "-0"}, runArgs...))
+			lines := h.lines()
+			if len(lines) != 1 || lines[0]["exitCode"] != json.Number("0") {
+				t.Errorf("exit lines: %v", lines)
+			}
+		})
+	}
+}
+
+// An existing daemon.json is merged, not replaced.
+func TestUserdataMergesDaemonJSON(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	root, fake := filepath.Join(dir, "root"), filepath.Join(dir, "fake")
+	orig := `{"log-driver": "json-file", "live-restore": false, "default-ulimits": {"nofile": {"Name": "nofile", "Hard": 65536, "Soft": 65536}}}`
+	writeFile(t, filepath.Join(root, "etc/docker/daemon.json"), orig)
+	writeFile(t, filepath.Join(fake, "events"), "")
+	script, err := Render(jobPod(RestartNever), Options{ExitLogPath: filepath.Join(dir, "exit.log")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status, out := runUserdata(t, script, root, fake); status != 0 {
+		t.Fatalf("user-data exited %d:\n%s", status, out)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "etc/docker/daemon.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errJQ := exec.LookPath("jq")
+	_, errPy := exec.LookPath("python3")
+	if errJQ != nil && errPy != nil {
+		if string(b) != orig {
+			t.Errorf("daemon.json changed without jq or python3: %s", b)
+		}
+		return
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatalf("merged daemon.json is not JSON: %v\n%s", err, b)
+	}
+	if got["live-restore"] != true || got["log-driver"] != "json-file" || got["default-ulimits"] == nil {
+		t.Errorf("merged daemon.json lost settings or live-restore: %s", b)
+	}
+}
+
+// A failing step powers the host off after the delay instead of leaving it
+// idle, and the unit is not started.
+func TestUserdataFailurePowersOff(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	root, fake := filepath.Join(dir, "root"), filepath.Join(dir, "fake")
+	writeFile(t, filepath.Join(fake, "events"), "")
+	writeFile(t, filepath.Join(fake, "ctl_fail"), "")
+	script, err := Render(jobPod(RestartNever), Options{ExitLogPath: filepath.Join(dir, "exit.log"), ShutdownDelay: 90 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, out := runUserdata(t, script, root, fake)
+	if status == 0 {
+		t.Fatalf("user-data succeeded although the agent failed:\n%s", out)
+	}
+	h := &harness{t: t, fake: fake}
+	equalStrings(t, "calls", h.events("shutdown", "systemctl enable", "systemctl start"),
+		[]string{"shutdown -P +2 reaper: user-data failed"})
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	ok := jobPod(RestartNever)
+	for _, tc := range []struct {
+		name string
+		edit func(*Pod, *Options)
+		want string
+	}{
+		{"namespace", func(p *Pod, _ *Options) { p.Namespace = "Bad_NS" }, "namespace"},
+		{"name", func(p *Pod, _ *Options) { p.Name = "a..b" }, "name"},
+		{"name quote", func(p *Pod, _ *Options) { p.Name = "x'y" }, "name"},
+		{"uid", func(p *Pod, _ *Options) { p.UID = "not-a-uid" }, "uid"},
+		{"container", func(p *Pod, _ *Options) { p.Container = "Main" }, "container"},
+		{"image empty", func(p *Pod, _ *Options) { p.Image = "" }, "image is empty"},
+		{"image flag", func(p *Pod, _ *Options) { p.Image = "--privileged" }, "image"},
+		{"image space", func(p *Pod, _ *Options) { p.Image = "a b" }, "image"},
+		{"policy", func(p *Pod, _ *Options) { p.RestartPolicy = "Sometimes" }, "restartPolicy"},
+		{"command0", func(p *Pod, _ *Options) { p.Command = []string{""} }, "command[0]"},
+		{"nul", func(p *Pod, _ *Options) { p.Args = []string{"a\x00b"} }, "NUL"},
+		{"utf8", func(p *Pod, _ *Options) { p.Env = []EnvVar{{"A", "\xff"}} }, "UTF-8"},
+		{"env name", func(p *Pod, _ *Options) { p.Env = []EnvVar{{"A B", "x"}} }, "env[0] name"},
+		{"env name eq", func(p *Pod, _ *Options) { p.Env = []EnvVar{{"A=B", "x"}} }, "env[0] name"},
+		{"log group", func(_ *Pod, o *Options) { o.LogGroup = "bad group" }, "log group"},
+		{"exit log", func(_ *Pod, o *Options) { o.ExitLogPath = "relative.log" }, "exit log path"},
+		{"exit log glob", func(_ *Pod, o *Options) { o.ExitLogPath = "/var/log/*.log" }, "exit log path"},
+		{"cli", func(_ *Pod, o *Options) { o.ContainerCLI = "docker; rm" }, "container CLI"},
+		{"max restarts", func(_ *Pod, o *Options) { o.MaxRestarts = -1 }, "max restarts"},
+		{"delay", func(_ *Pod, o *Options) { o.ShutdownDelay = -time.Second }, "shutdown delay"},
+		{"tag key", func(_ *Pod, o *Options) { o.TagKeys.UID = "aws:uid" }, "tag key"},
+		{"run arg rm", func(_ *Pod, o *Options) { o.DockerRunArgs = []string{"--rm"} }, "owns --rm"},
+		{"run arg restart", func(_ *Pod, o *Options) { o.DockerRunArgs = []string{"--restart=always"} }, "owns --restart"},
+	} {
+		p, o := ok, Options{}
+		tc.edit(&p, &o)
+		_, err := Render(p, o)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Render error = %v, want one mentioning %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := Render(ok, Options{}); err != nil {
+		t.Errorf("valid pod rejected: %v", err)
+	}
+	// Every problem is reported at once.
+	err := Pod{}.Validate()
+	for _, w := range []string{"namespace", "name", "uid", "container", "image"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("Pod{}.Validate() = %v, want it to mention %s", err, w)
+		}
+	}
+}
+
+func TestDefaultsAndPolicy(t *testing.T) {
+	t.Parallel()
+	p := podmanPod()
+	conf, err := WrapperConfig(p, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"REAPER_RESTART_POLICY='Always'\n", "REAPER_SHUTDOWN_DELAY=600\n",
+		"REAPER_EXIT_LOG='/var/log/reaper/exit.log'\n", "REAPER_CLI='docker'\n", "REAPER_MAX_RESTARTS=0\n"} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("config lacks %q:\n%s", want, conf)
+		}
+	}
+	conf, _ = WrapperConfig(p, Options{ShutdownDelay: 1500 * time.Millisecond})
+	if !strings.Contains(conf, "REAPER_SHUTDOWN_DELAY=2\n") {
+		t.Errorf("shutdown delay not rounded up to whole seconds:\n%s", conf)
+	}
+}
+
+func TestRunArgs(t *testing.T) {
+	t.Parallel()
+	base := []string{"--label", "reaper.io/pod-namespace=web", "--label", "reaper.io/pod-name=server",
+		"--label", "reaper.io/pod-uid=11111111-2222-4333-8444-555555555555", "--label", "reaper.io/container=nginx"}
+	for _, tc := range []struct {
+		name string
+		edit func(*Pod)
+		opts Options
+		want []string
+	}{
+		{"image only", func(*Pod) {}, Options{}, []string{"docker.io/library/nginx:1.27"}},
+		{"args replace cmd", func(p *Pod) { p.Args = []string{"-g", "daemon off;"} }, Options{},
+			[]string{"docker.io/library/nginx:1.27", "-g", "daemon off;"}},
+		{"command replaces entrypoint", func(p *Pod) { p.Command = []string{"/bin/sh", "-c"}; p.Args = []string{"exit 0"} }, Options{},
+			[]string{"--entrypoint", "/bin/sh", "docker.io/library/nginx:1.27", "-c", "exit 0"}},
+		{"env and extra flags", func(p *Pod) { p.Env = []EnvVar{{"A", "1"}, {"PEM", "x\ny"}, {"B", "2"}} }, Options{DockerRunArgs: []string{"--gpus", "all"}},
+			[]string{"--env-file", EnvFilePath, "-e", "PEM=x\ny", "--gpus", "all", "docker.io/library/nginx:1.27"}},
+	} {
+		p := podmanPod()
+		tc.edit(&p)
+		got, err := RunArgs(p, tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equalStrings(t, tc.name, got, append(append([]string{}, base...), tc.want...))
+	}
+	p := podmanPod()
+	p.Env = []EnvVar{{"A", "1"}, {"PEM", "x\ny"}, {"CR", "z\r"}, {"B", " 2 "}, {"#C", "3"}}
+	env, err := EnvFile(p)
+	if err != nil || env != "A=1\nB= 2 \n" {
+		t.Errorf("EnvFile = %q, %v", env, err)
+	}
+	args, _ := RunArgs(p, Options{})
+	equalStrings(t, "env args", args[len(base):], []string{"--env-file", EnvFilePath, "-e", "PEM=x\ny", "-e", "CR=z\r", "-e", "#C=3", p.Image})
+}
+
+func TestTags(t *testing.T) {
+	t.Parallel()
+	p := jobPod(RestartNever)
+	got := Tags(p, TagKeys{})
+	want := map[string]string{"reaper.io/managed": "true", "reaper.io/pod-namespace": "batch",
+		"reaper.io/pod-name": "installer-7xk2p", "reaper.io/pod-uid": "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"}
+	if len(got) != len(want) {
+		t.Errorf("Tags = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("Tags[%s] = %q, want %q", k, got[k], v)
+		}
+	}
+	got = Tags(p, TagKeys{Managed: "x/managed", UID: "x/uid"})
+	if got["x/managed"] != "true" || got["x/uid"] != p.UID || got["reaper.io/pod-name"] != p.Name {
+		t.Errorf("Tags with custom keys = %v", got)
+	}
+}
+
+func TestAgentConfig(t *testing.T) {
+	t.Parallel()
+	b, err := AgentConfig(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		Logs struct {
+			LogsCollected struct {
+				Files struct {
+					CollectList []map[string]any `json:"collect_list"`
+				} `json:"files"`
+			} `json:"logs_collected"`
+			ForceFlushInterval float64 `json:"force_flush_interval"`
+		} `json:"logs"`
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	l := c.Logs.LogsCollected.Files.CollectList
+	if c.Logs.ForceFlushInterval != 1 || len(l) != 1 || l[0]["file_path"] != DefaultExitLogPath ||
+		l[0]["log_group_name"] != DefaultLogGroup || l[0]["log_stream_name"] != "{instance_id}" {
+		t.Errorf("agent config:\n%s", b)
+	}
+}
+
+func TestUnit(t *testing.T) {
+	t.Parallel()
+	for cli, want := range map[string]string{"": "docker.service", "/usr/bin/nerdctl": "containerd.service", "podman": ""} {
+		u, err := Unit(Options{ContainerCLI: cli})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(u, "Wants=network-online.target"+strings.TrimSuffix(" "+want, " ")+"\n") ||
+			!strings.Contains(u, "Restart=no\n") || strings.Contains(u, "Requires=") || strings.Contains(u, "BindsTo=") {
+			t.Errorf("unit for %q:\n%s", cli, u)
+		}
+	}
+}
+
+func TestLaunch(t *testing.T) {
+	t.Parallel()
+	p := jobPod(RestartNever)
+	ls, err := Launch(p, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, _ := base64.StdEncoding.DecodeString(ls.UserDataBase64)
+	if string(dec) != ls.UserData || ls.InstanceInitiatedShutdownBehavior != "terminate" ||
+		ls.MetadataHTTPTokens != "required" || ls.Tags["reaper.io/pod-uid"] != p.UID {
+		t.Errorf("launch settings: %+v", ls)
+	}
+
+	// Over 16 KiB: gzip, which cloud-init unpacks.
+	p.Env = []EnvVar{{"BIG", strings.Repeat("compressible ", 1000)}}
+	ls, err = Launch(p, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, _ = base64.StdEncoding.DecodeString(ls.UserDataBase64)
+	zr, err := gzip.NewReader(bytes.NewReader(dec))
+	if err != nil {
+		t.Fatalf("large user-data not gzipped: %v", err)
+	}
+	if un, _ := io.ReadAll(zr); string(un) != ls.UserData || len(dec) > MaxUserDataBytes {
+		t.Errorf("gzipped user-data does not round-trip or is too big (%d)", len(dec))
+	}
+
+	// Too big even compressed.
+	noise := make([]byte, 20000)
+	_, _ = rand.Read(noise)
+	p.Env = []EnvVar{{"NOISE", hex.EncodeToString(noise)}}
+	if _, err := Launch(p, Options{}); err == nil || !strings.Contains(err.Error(), "over EC2") {
+		t.Errorf("Launch with 40 KB of noise: %v", err)
+	}
+}
+
+func TestHeredocDelimiter(t *testing.T) {
+	t.Parallel()
+	if d := heredoc("a\nREAPER_EOF\nREAPER_EOF_\nb\n"); d != "REAPER_EOF__" {
+		t.Errorf("heredoc delimiter = %q", d)
+	}
+	if d := heredoc("x REAPER_EOF\n"); d != "REAPER_EOF" {
+		t.Errorf("heredoc delimiter = %q", d)
+	}
+}

@@ -1,0 +1,391 @@
+package userdata
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"testing"
+)
+
+// The wrapper is run for real (sh -u, and bash) against the docker double,
+// with REAPER_TIME_SCALE=1000: a 10 s backoff is recorded as "sleep 0.01",
+// the 600 s shutdown delay as "sleep 0.6".
+
+func jobPod(policy string) Pod {
+	return Pod{
+		Namespace: "batch", Name: "installer-7xk2p", UID: "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b",
+		Container: "main", Image: "registry.example.com/tools/installer:1.4",
+		Command: []string{"/bin/install"}, Args: []string{"--all"},
+		Env:           []EnvVar{{"MODE", "full"}},
+		RestartPolicy: policy,
+	}
+}
+
+const jobImage = "registry.example.com/tools/installer:1.4"
+
+// eachShell runs body once per shell, in parallel subtests.
+func eachShell(t *testing.T, body func(t *testing.T, shell string)) {
+	t.Parallel()
+	for _, sh := range shells(t) {
+		t.Run(filepath.Base(sh), func(t *testing.T) {
+			t.Parallel()
+			body(t, sh)
+		})
+	}
+}
+
+var shutdownNow = []string{"sleep 0.6", "shutdown -P now"}
+
+func TestWrapperExit0(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 0})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 0}})
+		equalStrings(t, "calls", h.events(), []string{
+			"docker info",
+			"docker inspect reaper-main-0",
+			"docker image inspect " + jobImage,
+			"docker run reaper-main-0",
+			"docker wait " + fakeCID(1),
+			"docker inspect " + fakeCID(1),
+			"sleep 0.6",
+			"shutdown -P now",
+		})
+		runArgs, _ := RunArgs(pod, Options{})
+		equalStrings(t, "docker run argv", h.argv(1), append([]string{"-d", "--name", "reaper-main-0"}, runArgs...))
+		if h.status != 0 {
+			t.Errorf("wrapper exit status %d, want 0", h.status)
+		}
+	})
+}
+
+func TestWrapperExit1Never(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 1})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 1}})
+		equalStrings(t, "calls", h.events("docker run", "docker rm", "sleep", "shutdown"),
+			[]string{"docker run reaper-main-0", "sleep 0.6", "shutdown -P now"})
+	})
+}
+
+func TestWrapperOOM(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 137, OOM: true})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 137, oom: true, signal: "SIGKILL"}})
+		equalStrings(t, "calls", h.events("sleep", "shutdown"), shutdownNow)
+	})
+}
+
+// The installer case: the runtime restarts under the workload (no
+// live-restore, so the container finished while dockerd was away). The line
+// carries what the workload did, not a synthetic 255.
+func TestWrapperRuntimeRestart(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartOnFailure)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 0, Outage: 3})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 0, rr: true}})
+		c := fakeCID(1)
+		equalStrings(t, "calls", h.events("docker wait", "docker info", "docker inspect c", "sleep", "shutdown"), []string{
+			"docker info",
+			"docker wait " + c,
+			"sleep 0.001",
+			"docker info (down)", "sleep 0.001",
+			"docker info (down)", "sleep 0.001",
+			"docker info (down)", "sleep 0.001",
+			"docker info",
+			"docker inspect " + c,
+			"sleep 0.6", "shutdown -P now",
+		})
+	})
+}
+
+// With live-restore the container outlives dockerd's restart: the wrapper
+// waits on it again.
+func TestWrapperRuntimeRestartLiveRestore(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 0, Outage: 1, Live: true})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 0, rr: true}})
+		c := fakeCID(1)
+		equalStrings(t, "calls", h.events("docker wait", "docker inspect c", "docker info"), []string{
+			"docker info",
+			"docker wait " + c, "docker info (down)", "docker info",
+			"docker inspect " + c, // still running
+			"docker wait " + c,
+			"docker inspect " + c,
+		})
+	})
+}
+
+// The runtime never comes back: the outcome is unknown, said so, and the
+// host still goes away.
+func TestWrapperRuntimeGone(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartAlways)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 0, Outage: 1000})
+		h.setenv("REAPER_RUNTIME_TIMEOUT=3")
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: -1, started: zeroTime, finished: "now",
+			err: "container runtime did not come back within 3s"}})
+		equalStrings(t, "calls", h.events("docker info", "sleep", "shutdown"), []string{
+			"docker info",
+			"sleep 0.001",
+			"docker info (down)", "sleep 0.001",
+			"docker info (down)", "sleep 0.001",
+			"docker info (down)",
+			"sleep 0.6", "shutdown -P now",
+		})
+	})
+}
+
+// Repeated crashes under Always: restart in place with backoff 10 s doubling
+// to 300 s, restartCount counting up, until maxRestarts ends the Pod.
+func TestWrapperCrashLoop(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartAlways)
+		runs := []fakeRun{{Exit: 0}}
+		for range 7 {
+			runs = append(runs, fakeRun{Exit: 1})
+		}
+		h := newHarness(t, pod, Options{MaxRestarts: 7}, runs...)
+		h.run(sh, Wrapper())
+		backoffs := []int{10, 20, 40, 80, 160, 300, 300}
+		var want []line
+		var calls []string
+		for i := range 8 {
+			l := line{run: i + 1, code: 1, restart: i}
+			if i == 0 {
+				l.code = 0 // Always restarts a clean exit too
+			}
+			calls = append(calls, fmt.Sprintf("docker run reaper-main-%d", i))
+			if i < 7 {
+				l.will, l.backoff = true, backoffs[i]
+				calls = append(calls, "docker rm "+fakeCID(i+1), fmt.Sprintf("sleep %g", float64(backoffs[i])/1000))
+			}
+			want = append(want, l)
+		}
+		checkLines(t, pod, h.lines(), want)
+		equalStrings(t, "calls", h.events("docker run", "docker rm", "sleep", "shutdown"), append(calls, shutdownNow...))
+	})
+}
+
+// A container that ran 10 minutes starts over at the initial backoff.
+func TestWrapperBackoffReset(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartOnFailure)
+		long := fakeRun{Exit: 2, Started: "2030-12-31T23:55:00Z", Finished: "2031-01-01T00:06:00.5Z"}
+		h := newHarness(t, pod, Options{MaxRestarts: 3}, fakeRun{Exit: 1}, fakeRun{Exit: 1}, long, fakeRun{Exit: 3})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{
+			{run: 1, code: 1, restart: 0, will: true, backoff: 10},
+			{run: 2, code: 1, restart: 1, will: true, backoff: 20},
+			{run: 3, code: 2, restart: 2, will: true, backoff: 10, started: long.Started, finished: long.Finished},
+			{run: 4, code: 3, restart: 3},
+		})
+		equalStrings(t, "sleeps", h.events("sleep"), []string{"sleep 0.01", "sleep 0.02", "sleep 0.01", "sleep 0.6"})
+	})
+}
+
+func TestWrapperOnFailure(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartOnFailure)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 1}, fakeRun{Exit: 0})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{
+			{run: 1, code: 1, will: true, backoff: 10},
+			{run: 2, code: 0, restart: 1},
+		})
+		equalStrings(t, "calls", h.events("docker run", "docker rm", "sleep", "shutdown"), []string{
+			"docker run reaper-main-0", "docker rm " + fakeCID(1), "sleep 0.01",
+			"docker run reaper-main-1", "sleep 0.6", "shutdown -P now",
+		})
+	})
+}
+
+func TestWrapperOnFailureExit0(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartOnFailure)
+		h := newHarness(t, pod, Options{ShutdownDelay: 90e9}, fakeRun{Exit: 0})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 0}})
+		equalStrings(t, "calls", h.events("docker run", "sleep", "shutdown"),
+			[]string{"docker run reaper-main-0", "sleep 0.09", "shutdown -P now"})
+	})
+}
+
+// The container is created but cannot start (bad entrypoint): the runtime's
+// own code and message are reported.
+func TestWrapperStartError(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		msg := `exec: "/bin/install": stat /bin/install: no such file or directory`
+		h := newHarness(t, pod, Options{}, fakeRun{StartError: msg})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 127, started: zeroTime, finished: "now", err: msg}})
+	})
+}
+
+// docker run fails on the client side although the container started: the
+// wrapper finds it and waits on it rather than reporting a failure.
+func TestWrapperRunClientError(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 0, ClientFail: true})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 0}})
+		equalStrings(t, "calls", h.events("docker run", "docker inspect", "docker wait"), []string{
+			"docker inspect reaper-main-0", "docker run reaper-main-0", "docker inspect reaper-main-0",
+			"docker wait " + fakeCID(1), "docker inspect " + fakeCID(1),
+		})
+	})
+}
+
+// The image cannot be pulled: retried with backoff, then reported as an
+// unknown exit with docker's message.
+func TestWrapperPullFailure(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{RunFail: "Error response from daemon: pull access denied"})
+		writeFile(t, filepath.Join(h.fake, "image_missing"), "")
+		writeFile(t, filepath.Join(h.fake, "pull_fail"), "99")
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{code: -1, started: zeroTime, finished: "now",
+			err: "docker run failed: docker: Error response from daemon: pull access denied."}})
+		p := "docker pull " + jobImage
+		equalStrings(t, "calls", h.events("docker pull", "docker run", "sleep"), []string{
+			p, "sleep 0.01", p, "sleep 0.02", p, "sleep 0.04", p, "sleep 0.08", p,
+			"docker run reaper-main-0", "sleep 0.6",
+		})
+	})
+}
+
+// The container is removed behind the wrapper's back: docker wait's code is
+// all there is, and the line says so.
+func TestWrapperVanished(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 137, Vanish: true})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 137, signal: "SIGKILL", started: zeroTime, finished: "now",
+			err: "vanished before its state could be read"}})
+	})
+}
+
+// After a reboot (or a restart of the unit) the wrapper finds the container
+// of the current run instead of running the workload a second time.
+func TestWrapperAdopts(t *testing.T) {
+	for _, tc := range []struct {
+		name, status string
+		want         line
+	}{
+		{"exited", "exited", line{run: 1, code: 143, restart: 2, signal: "SIGTERM", err: "already exited when the supervisor started"}},
+		{"running", "running", line{run: 1, code: 143, restart: 2, signal: "SIGTERM"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachShell(t, func(t *testing.T, sh string) {
+				pod := jobPod(RestartNever)
+				h := newHarness(t, pod, Options{}, fakeRun{Exit: 143})
+				writeFile(t, filepath.Join(h.state, "restarts"), "2\n")
+				writeFile(t, filepath.Join(h.fake, "c", fakeCID(1)), "1")
+				writeFile(t, filepath.Join(h.fake, "c", fakeCID(1)+".status"), tc.status)
+				writeFile(t, filepath.Join(h.fake, "n", "reaper-main-2"), fakeCID(1))
+				h.run(sh, Wrapper())
+				checkLines(t, pod, h.lines(), []line{tc.want})
+				equalStrings(t, "runs", h.events("docker run"), nil)
+			})
+		})
+	}
+}
+
+// A terminal marker from before a reboot: no second run, straight to the
+// power-off.
+func TestWrapperAlreadyTerminal(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		h := newHarness(t, jobPod(RestartNever), Options{}, fakeRun{})
+		writeFile(t, filepath.Join(h.state, "terminal"), "")
+		h.run(sh, Wrapper())
+		equalStrings(t, "calls", h.events(), shutdownNow)
+	})
+}
+
+func TestWrapperBadConfig(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		h := newHarness(t, jobPod(RestartNever), Options{}, fakeRun{})
+		h.conf = filepath.Join(h.dir, "missing.conf")
+		h.run(sh, Wrapper())
+		equalStrings(t, "calls", h.events(), shutdownNow)
+	})
+}
+
+func TestWrapperShutdownRetried(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		h := newHarness(t, jobPod(RestartNever), Options{}, fakeRun{})
+		writeFile(t, filepath.Join(h.fake, "shutdown_fail"), "1")
+		h.setenv("REAPER_SHUTDOWN_CMD=shutdown -h +0")
+		h.run(sh, Wrapper())
+		equalStrings(t, "calls", h.events("sleep", "shutdown"),
+			[]string{"sleep 0.6", "shutdown -h +0", "sleep 0.06", "shutdown -h +0"})
+		if h.status != 0 {
+			t.Errorf("wrapper exit status %d, want 0", h.status)
+		}
+	})
+}
+
+// Without IMDS the instance id comes from cloud-init's record.
+func TestWrapperInstanceIDFallback(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{})
+		writeFile(t, filepath.Join(h.dir, "cloud-instance-id"), testInstanceID+"\n")
+		h.setenv("REAPER_IMDS_URL=http://127.0.0.1:9")
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1}})
+	})
+}
+
+// Hostile command, args and environment reach docker run byte for byte.
+func TestWrapperHostileArgv(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod, opts := hostilePod(), hostileOptions()
+		opts.ExitLogPath = ""
+		h := newHarness(t, pod, opts, fakeRun{Exit: 3}, fakeRun{Exit: 0})
+		h.run(sh, Wrapper())
+		want, err := RunArgs(pod, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equalStrings(t, "first docker run argv", h.argv(1), append([]string{"-d", "--name", "reaper-app-0"}, want...))
+		equalStrings(t, "second docker run argv", h.argv(2), append([]string{"-d", "--name", "reaper-app-1"}, want...))
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 3, will: true, backoff: 10}, {run: 2, restart: 1}})
+		equalStrings(t, "sleeps", h.events("sleep"), []string{"sleep 0.01", "sleep 0.09"})
+	})
+}
+
+// Neither IMDS nor cloud-init's record answers: the wrapper retries, then
+// still writes the line and powers off (Reaper rejects a line without a
+// valid instanceId; the instance-state path then decides the Pod).
+func TestWrapperNoInstanceID(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{})
+		h.setenv("REAPER_IMDS_URL=http://127.0.0.1:9")
+		h.noInstanceID = true
+		h.run(sh, Wrapper())
+		lines := h.lines()
+		if len(lines) != 1 || lines[0]["instanceId"] != "" || lines[0]["exitCode"] != json.Number("0") {
+			t.Errorf("lines: %v", lines)
+		}
+		var want []string
+		for range 15 { // 5 tries at start, 10 before the line
+			want = append(want, "sleep 0.001")
+		}
+		equalStrings(t, "calls", h.events("sleep", "shutdown"), append(want, shutdownNow...))
+	})
+}
