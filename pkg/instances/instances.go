@@ -99,13 +99,12 @@ func (f *Fleet) Describe(ctx context.Context, ids []string) (map[string]Instance
 	return found, nil
 }
 
-// ListManaged calls fn for every instance carrying the managed tag that is
-// not terminated, a page at a time.
+// ListManaged calls fn for every instance carrying the managed tag, in any
+// state (terminated ones stay visible for about an hour), a page at a time.
 func (f *Fleet) ListManaged(ctx context.Context, fn func(Instance) error) error {
 	return f.describe(ctx, &ec2.DescribeInstancesInput{
 		Filters: []types.Filter{
 			{Name: aws.String("tag:" + f.keys.Managed), Values: []string{"true"}},
-			{Name: aws.String("instance-state-name"), Values: []string{Pending, Running, Stopping, Stopped, ShuttingDown}},
 		},
 		MaxResults: aws.Int32(1000),
 	}, fn)

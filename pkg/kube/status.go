@@ -191,3 +191,21 @@ func describe(o podstatus.Outcome, phase corev1.PodPhase) (reason, msg, kind str
 	}
 	return EventContainerExited, fmt.Sprintf("%s on instance %s; pod is %s", detail, o.InstanceID, phase), kind
 }
+
+// Lookup says whether the Pod an instance was launched for still needs it:
+// Current (it exists and is not terminal), AlreadyTerminal, PodGone or
+// PodReplaced. The sweeper uses it to find orphaned instances.
+func (w *StatusWriter) Lookup(ctx context.Context, ref ledger.PodRef) (Result, error) {
+	pod, err := w.client.CoreV1().Pods(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return PodGone, nil
+	case err != nil:
+		return "", fmt.Errorf("get pod %s: %w", ref, err)
+	case string(pod.UID) != ref.UID:
+		return PodReplaced, nil
+	case podstatus.Terminal(pod.Status.Phase):
+		return AlreadyTerminal, nil
+	}
+	return Current, nil
+}

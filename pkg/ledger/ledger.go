@@ -76,12 +76,14 @@ type Record struct {
 	// ExitRestartCount mirrors Exit.RestartCount at the top level, where
 	// condition expressions can compare it.
 	ExitRestartCount *int32 `dynamodbav:"exitRestartCount,omitempty"`
-	// Gone is set once the instance is seen stopping, stopped or terminated.
+	// Gone is the newest state seen in which the instance no longer runs its
+	// Pod (stopping, stopped, shutting-down, terminated). It stays set.
 	Gone *Gone `dynamodbav:"gone,omitempty"`
 	// LastState and LastStateAt are the newest EC2 state seen, for latency
 	// figures and so older events never overwrite newer ones.
-	LastState   string    `dynamodbav:"lastState,omitempty"`
-	LastStateAt time.Time `dynamodbav:"lastStateAt,omitempty"`
+	LastState     string    `dynamodbav:"lastState,omitempty"`
+	LastStateAt   time.Time `dynamodbav:"lastStateAt,omitempty"`
+	LastStateRank int       `dynamodbav:"lastStateRank,omitempty"`
 	// PodSynced is the outcome the Pod's status already carries (see
 	// Outcome keys in package reaper); empty until the first status write.
 	PodSynced string `dynamodbav:"podSynced,omitempty"`
@@ -166,16 +168,26 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod PodRef, e
 	return rec, nil
 }
 
-// RecordState notes an EC2 state the instance reached at a time. Gone
-// states (stopping, stopped, shutting-down, terminated) also set Gone the
-// first time. An event older than the newest state already recorded changes
-// nothing and returns the record as it is.
-func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, state string, at time.Time, gone bool) (Record, error) {
+// StateChange is an EC2 state an instance reached.
+type StateChange struct {
+	State string
+	At    time.Time
+	// Rank orders states of one lifecycle, for events with equal times.
+	Rank int
+	// Gone marks states in which the instance no longer runs its Pod.
+	Gone bool
+}
+
+// RecordState notes the state an instance reached. A gone state also sets
+// Gone. An event older than the newest one recorded changes nothing and the
+// record is returned as it is, so events applied in any order end the same.
+func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, sc StateChange) (Record, error) {
 	now := t.now().UTC()
-	set := "SET lastState = :state, lastStateAt = :at, updatedAt = :now, expiresAt = :exp"
+	set := "SET lastState = :state, lastStateAt = :at, lastStateRank = :rank, updatedAt = :now, expiresAt = :exp"
 	values := map[string]types.AttributeValue{
-		":state": &types.AttributeValueMemberS{Value: state},
-		":at":    timeAV(at),
+		":state": &types.AttributeValueMemberS{Value: sc.State},
+		":at":    timeAV(sc.At),
+		":rank":  &types.AttributeValueMemberN{Value: fmt.Sprint(sc.Rank)},
 		":now":   timeAV(now),
 		":exp":   expiry(now),
 	}
@@ -187,17 +199,18 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, 
 		set += ", pod = if_not_exists(pod, :pod)"
 		values[":pod"] = podAV
 	}
-	if gone {
-		goneAV, err := attributevalue.Marshal(Gone{State: state, At: at.UTC()})
+	if sc.Gone {
+		goneAV, err := attributevalue.Marshal(Gone{State: sc.State, At: sc.At.UTC()})
 		if err != nil {
 			return Record{}, err
 		}
-		set += ", gone = if_not_exists(gone, :gone)"
+		set += ", gone = :gone"
 		values[":gone"] = goneAV
 	}
 	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
 		UpdateExpression: aws.String(set),
-		ConditionExpression:       aws.String("attribute_not_exists(lastStateAt) OR lastStateAt <= :at"),
+		ConditionExpression: aws.String("attribute_not_exists(lastStateAt) OR lastStateAt < :at OR " +
+			"(lastStateAt = :at AND lastStateRank <= :rank)"),
 		ExpressionAttributeValues: values,
 	})
 	if errors.Is(err, errStale) {

@@ -18,7 +18,7 @@ import (
 type Ledger interface {
 	Get(ctx context.Context, instanceID string) (ledger.Record, bool, error)
 	RecordExit(ctx context.Context, instanceID string, pod ledger.PodRef, exit ledger.Exit) (ledger.Record, error)
-	RecordState(ctx context.Context, instanceID string, pod ledger.PodRef, state string, at time.Time, gone bool) (ledger.Record, error)
+	RecordState(ctx context.Context, instanceID string, pod ledger.PodRef, sc ledger.StateChange) (ledger.Record, error)
 	MarkDone(ctx context.Context, instanceID string, d ledger.Done) error
 	Scan(ctx context.Context, fn func(ledger.Record) error) error
 }
@@ -26,6 +26,7 @@ type Ledger interface {
 // Pods writes Pod status (package kube).
 type Pods interface {
 	Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome) (kube.Result, error)
+	Lookup(ctx context.Context, ref ledger.PodRef) (kube.Result, error)
 }
 
 // Fleet reads and terminates EC2 instances (package instances).

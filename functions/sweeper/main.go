@@ -1,0 +1,23 @@
+// Command sweeper is the scheduled Lambda that reconciles the ledger, the
+// managed instances and their Pods, catching whatever events missed.
+package main
+
+import (
+	"context"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-lambda-go/lambda"
+
+	"github.com/reaper-k8s/reaper/pkg/app"
+	"github.com/reaper-k8s/reaper/pkg/reaper"
+)
+
+func main() {
+	r, cfg, err := app.New(context.Background())
+	if err != nil {
+		app.Fatal(err)
+	}
+	lambda.Start(func(ctx context.Context, _ events.CloudWatchEvent) (reaper.SweepSummary, error) {
+		return r.Sweep(ctx, cfg.OrphanGrace)
+	})
+}

@@ -1,0 +1,72 @@
+package reaper
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/statechange"
+)
+
+// StateSummary is what one state change came to.
+type StateSummary struct {
+	InstanceID string `json:"instanceId"`
+	State      string `json:"state"`
+	// Skipped says why nothing was done, when nothing was.
+	Skipped   string `json:"skipped,omitempty"`
+	PodResult string `json:"podResult,omitempty"`
+	Terminate string `json:"terminate,omitempty"`
+	// WaitUntil is when the exit-wait window closes, if it is open.
+	WaitUntil string `json:"waitUntil,omitempty"`
+}
+
+// HandleStateChange records an instance's state change and, for the states
+// in which the instance no longer runs its Pod, makes sure the Pod ends with
+// the exit the ledger holds. With no exit yet, the exit-wait window opens: a
+// late exit line still wins, and the sweeper finalizes the Pod as lost once
+// the window has passed.
+func (r *Reaper) HandleStateChange(ctx context.Context, m statechange.Message) (StateSummary, error) {
+	sum := StateSummary{InstanceID: m.InstanceID, State: m.State}
+	// One lookup answers both whether the instance is Reaper's and which Pod
+	// it runs; the ledger knows instances whose tags are gone already.
+	found, err := r.Fleet.Describe(ctx, []string{m.InstanceID})
+	if err != nil {
+		return sum, err
+	}
+	inst, known := found[m.InstanceID]
+	if !inst.Managed {
+		if _, ok, err := r.Ledger.Get(ctx, m.InstanceID); err != nil || !ok {
+			sum.Skipped = "not managed"
+			r.Log.LogAttrs(ctx, slog.LevelDebug, "state change skipped", slog.String("instance", m.InstanceID),
+				slog.Bool("described", known), slog.String("state", m.State))
+			return sum, err
+		}
+	}
+	sc := ledger.StateChange{State: m.State, At: m.Time, Rank: statechange.Rank(m.State), Gone: instances.Gone(m.State)}
+	var rec ledger.Record
+	if r.DryRun {
+		rec, _, err = r.Ledger.Get(ctx, m.InstanceID)
+		rec.InstanceID, rec.LastState = m.InstanceID, m.State
+		if rec.Pod == (ledger.PodRef{}) {
+			rec.Pod = inst.Pod
+		}
+		if sc.Gone && rec.Gone == nil {
+			rec.Gone = &ledger.Gone{State: m.State, At: m.Time}
+		}
+	} else {
+		rec, err = r.Ledger.RecordState(ctx, m.InstanceID, inst.Pod, sc)
+	}
+	if err != nil {
+		return sum, err
+	}
+	if !sc.Gone {
+		return sum, nil // recorded for latency figures only
+	}
+	rep, err := r.Reconcile(ctx, rec, found)
+	sum.PodResult, sum.Terminate = string(rep.PodResult), string(rep.TerminateResult)
+	if !rep.Plan.WaitUntil.IsZero() {
+		sum.WaitUntil = rep.Plan.WaitUntil.UTC().Format("2006-01-02T15:04:05Z")
+	}
+	return sum, err
+}

@@ -1,0 +1,262 @@
+package reaper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/kube"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/statechange"
+)
+
+// SweepSummary counts what one sweep did; it is logged as one line.
+type SweepSummary struct {
+	Records          int `json:"records"`
+	ManagedInstances int `json:"managedInstances"`
+	// MissedGone are managed instances found gone that the ledger did not
+	// know about: their state-change event was lost.
+	MissedGone   int `json:"missedGone"`
+	Reconciled   int `json:"reconciled"`
+	PodsPatched  int `json:"podsPatched"`
+	PodsLost     int `json:"podsLost"`
+	Terminated   int `json:"terminated"`
+	Orphans      int `json:"orphans"`
+	WaitingExit  int `json:"waitingExit"`
+	Errors       int `json:"errors"`
+	DurationMsec int `json:"durationMs"`
+}
+
+// sweepWorkers bounds concurrent reconciles: enough to sweep thousands of
+// instances inside one invocation, few enough not to flood the apiserver.
+const sweepWorkers = 8
+
+// Sweep reconciles ledger × managed instances × Pods, so that a lost or
+// failed event delays a result but never loses it:
+//   - ledger records with a step not done are redone;
+//   - instances gone past the exit-wait window with no exit line get their
+//     Pod finalized as lost;
+//   - managed instances found gone that the ledger does not know are
+//     recorded (their state-change event was lost);
+//   - managed instances running with no live Pod, older than the orphan
+//     grace period, are terminated.
+//
+// It returns an error if any step failed; the next sweep picks them up.
+func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSummary, error) {
+	start := r.Now()
+	var sum SweepSummary
+	var errs []error
+
+	records := map[string]ledger.Record{}
+	if err := r.Ledger.Scan(ctx, func(rec ledger.Record) error {
+		records[rec.InstanceID] = rec
+		return nil
+	}); err != nil {
+		return sum, err
+	}
+	sum.Records = len(records)
+
+	managed := map[string]instances.Instance{}
+	if err := r.Fleet.ListManaged(ctx, func(i instances.Instance) error {
+		managed[i.ID] = i
+		return nil
+	}); err != nil {
+		return sum, err
+	}
+	sum.ManagedInstances = len(managed)
+
+	// Gone instances the ledger missed.
+	for id, inst := range managed {
+		rec, ok := records[id]
+		if !instances.Gone(inst.State) || (ok && rec.Gone != nil) {
+			continue
+		}
+		sum.MissedGone++
+		if r.DryRun {
+			continue
+		}
+		rec, err := r.Ledger.RecordState(ctx, id, inst.Pod, ledger.StateChange{
+			State: inst.State, At: start, Rank: statechange.Rank(inst.State), Gone: true,
+		})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		records[id] = rec
+	}
+
+	// Records with work left.
+	var work []ledger.Record
+	for _, rec := range records {
+		plan := Decide(rec, start, r.Policy)
+		if !plan.WaitUntil.IsZero() {
+			sum.WaitingExit++
+		}
+		if plan.Pod != nil || plan.Terminate {
+			work = append(work, rec)
+		}
+	}
+	known, err := r.describeFor(ctx, work, managed)
+	if err != nil {
+		return sum, err
+	}
+	var mu sync.Mutex
+	errs = append(errs, forEach(ctx, work, func(rec ledger.Record) error {
+		rep, err := r.Reconcile(ctx, rec, known)
+		mu.Lock()
+		defer mu.Unlock()
+		sum.Reconciled++
+		if rep.PodResult == kube.Patched {
+			sum.PodsPatched++
+			if rep.Plan.Pod != nil && rep.Plan.Pod.Exit == nil {
+				sum.PodsLost++
+			}
+		}
+		if rep.TerminateResult == instances.Terminating {
+			sum.Terminated++
+		}
+		return err
+	}))
+
+	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace))
+	errs = append(errs, err)
+	if len(orphans) > 0 {
+		out, err := r.Fleet.Terminate(ctx, orphans, managed)
+		errs = append(errs, err)
+		for _, id := range orphans {
+			if out[id] == instances.Terminating || out[id] == instances.WouldTerminate {
+				sum.Orphans++
+			}
+		}
+	}
+
+	err = errors.Join(errs...)
+	if err != nil {
+		sum.Errors = len(flatten(err))
+	}
+	sum.DurationMsec = int(r.Now().Sub(start).Milliseconds())
+	r.Log.LogAttrs(ctx, logLevel(err), "sweep",
+		slog.Int("records", sum.Records), slog.Int("managedInstances", sum.ManagedInstances),
+		slog.Int("missedGone", sum.MissedGone), slog.Int("reconciled", sum.Reconciled),
+		slog.Int("podsPatched", sum.PodsPatched), slog.Int("podsLost", sum.PodsLost),
+		slog.Int("terminated", sum.Terminated), slog.Int("orphans", sum.Orphans),
+		slog.Int("waitingExit", sum.WaitingExit), slog.Int("errors", sum.Errors),
+		slog.Int("durationMs", sum.DurationMsec), slog.Bool("dryRun", r.DryRun))
+	return sum, err
+}
+
+// describeFor looks up, in as few calls as the API allows, the instances of
+// records that may need terminating and are not in the managed listing.
+func (r *Reaper) describeFor(ctx context.Context, work []ledger.Record, managed map[string]instances.Instance) (map[string]instances.Instance, error) {
+	var missing []string
+	for _, rec := range work {
+		if _, ok := managed[rec.InstanceID]; !ok {
+			missing = append(missing, rec.InstanceID)
+		}
+	}
+	known := make(map[string]instances.Instance, len(managed)+len(missing))
+	for id, i := range managed {
+		known[id] = i
+	}
+	if len(missing) == 0 {
+		return known, nil
+	}
+	found, err := r.Fleet.Describe(ctx, missing)
+	if err != nil {
+		return nil, err
+	}
+	for id, i := range found {
+		known[id] = i
+	}
+	return known, nil
+}
+
+// orphans are running managed instances older than cutoff whose Pod no
+// longer needs them: deleted, replaced by another UID, or already terminal.
+// Instances whose exit the ledger holds are left to their record.
+func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time) ([]string, error) {
+	var candidates []instances.Instance
+	for id, inst := range managed {
+		if rec, ok := records[id]; ok && rec.Exit != nil {
+			continue
+		}
+		if (inst.State == instances.Running || inst.State == instances.Pending) && inst.LaunchTime.Before(cutoff) {
+			candidates = append(candidates, inst)
+		}
+	}
+	var (
+		mu  sync.Mutex
+		ids []string
+	)
+	err := forEach(ctx, candidates, func(inst instances.Instance) error {
+		if inst.Pod.UID == "" {
+			return fmt.Errorf("managed instance %s has no pod tags", inst.ID)
+		}
+		res, err := r.Pods.Lookup(ctx, inst.Pod)
+		if err != nil {
+			return err
+		}
+		if res == kube.Current {
+			return nil
+		}
+		r.Log.LogAttrs(ctx, slog.LevelWarn, "orphaned instance", slog.String("instance", inst.ID),
+			slog.String("pod", inst.Pod.String()), slog.String("pod state", string(res)))
+		mu.Lock()
+		ids = append(ids, inst.ID)
+		mu.Unlock()
+		return nil
+	})
+	slices.Sort(ids)
+	return ids, err
+}
+
+// forEach runs fn over items with sweepWorkers in parallel and joins the
+// errors; one failure does not stop the others.
+func forEach[T any](ctx context.Context, items []T, fn func(T) error) error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		next = make(chan T)
+	)
+	for range min(sweepWorkers, len(items)) {
+		wg.Go(func() {
+			for it := range next {
+				if err := fn(it); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, it := range items {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- it
+	}
+	close(next)
+	wg.Wait()
+	if ctx.Err() != nil {
+		errs = append(errs, ctx.Err())
+	}
+	return errors.Join(errs...)
+}
+
+// flatten lists the errors inside a joined error.
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
