@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -31,29 +32,29 @@ const Retention = 30 * 24 * time.Hour
 // PodRef names the Pod an instance runs. The UID tells a Pod from a later
 // one with the same name.
 type PodRef struct {
-	Namespace string `dynamodbav:"namespace"`
-	Name      string `dynamodbav:"name"`
-	UID       string `dynamodbav:"uid"`
+	Namespace string `dynamodbav:"namespace" json:"namespace,omitempty"`
+	Name      string `dynamodbav:"name" json:"name,omitempty"`
+	UID       string `dynamodbav:"uid" json:"uid,omitempty"`
 }
 
 func (p PodRef) String() string { return p.Namespace + "/" + p.Name }
 
 // Exit is a container exit as the host wrapper reported it.
 type Exit struct {
-	Container        string    `dynamodbav:"container"`
-	ContainerID      string    `dynamodbav:"containerId,omitempty"`
-	ExitCode         int       `dynamodbav:"exitCode"`
-	OOMKilled        bool      `dynamodbav:"oomKilled"`
-	Signal           string    `dynamodbav:"signal,omitempty"`
-	Error            string    `dynamodbav:"error,omitempty"`
-	StartedAt        time.Time `dynamodbav:"startedAt"`
-	FinishedAt       time.Time `dynamodbav:"finishedAt"`
-	RestartCount     int32     `dynamodbav:"restartCount"`
-	RuntimeRestarted bool      `dynamodbav:"runtimeRestarted,omitempty"`
-	WillRestart      bool      `dynamodbav:"willRestart,omitempty"`
-	BackoffSeconds   int       `dynamodbav:"backoffSeconds,omitempty"`
+	Container        string    `dynamodbav:"container" json:"container,omitempty"`
+	ContainerID      string    `dynamodbav:"containerId,omitempty" json:"containerId,omitempty"`
+	ExitCode         int       `dynamodbav:"exitCode" json:"exitCode"`
+	OOMKilled        bool      `dynamodbav:"oomKilled" json:"oomKilled"`
+	Signal           string    `dynamodbav:"signal,omitempty" json:"signal,omitempty"`
+	Error            string    `dynamodbav:"error,omitempty" json:"error,omitempty"`
+	StartedAt        time.Time `dynamodbav:"startedAt" json:"startedAt,omitempty"`
+	FinishedAt       time.Time `dynamodbav:"finishedAt" json:"finishedAt,omitempty"`
+	RestartCount     int32     `dynamodbav:"restartCount" json:"restartCount"`
+	RuntimeRestarted bool      `dynamodbav:"runtimeRestarted,omitempty" json:"runtimeRestarted,omitempty"`
+	WillRestart      bool      `dynamodbav:"willRestart,omitempty" json:"willRestart,omitempty"`
+	BackoffSeconds   int       `dynamodbav:"backoffSeconds,omitempty" json:"backoffSeconds,omitempty"`
 	// ReceivedAt is when Reaper recorded the line.
-	ReceivedAt time.Time `dynamodbav:"receivedAt"`
+	ReceivedAt time.Time `dynamodbav:"receivedAt" json:"receivedAt,omitempty"`
 }
 
 // Terminal reports whether this exit ends the Pod: the host supervisor is
@@ -63,35 +64,35 @@ func (e Exit) Terminal() bool { return !e.WillRestart }
 // Gone is how an instance went away when it did so without (or before) an
 // exit line: the EC2 state it reached and when.
 type Gone struct {
-	State string    `dynamodbav:"state"`
-	At    time.Time `dynamodbav:"at"`
+	State string    `dynamodbav:"state" json:"state,omitempty"`
+	At    time.Time `dynamodbav:"at" json:"at,omitempty"`
 }
 
 // Record is the ledger item of one instance.
 type Record struct {
-	InstanceID string `dynamodbav:"instanceId"`
-	Pod        PodRef `dynamodbav:"pod"`
+	InstanceID string `dynamodbav:"instanceId" json:"instanceId,omitempty"`
+	Pod        PodRef `dynamodbav:"pod" json:"pod,omitempty"`
 	// Exit is the latest exit recorded (highest restart count).
-	Exit *Exit `dynamodbav:"exit,omitempty"`
+	Exit *Exit `dynamodbav:"exit,omitempty" json:"exit,omitempty"`
 	// ExitRestartCount mirrors Exit.RestartCount at the top level, where
 	// condition expressions can compare it.
-	ExitRestartCount *int32 `dynamodbav:"exitRestartCount,omitempty"`
+	ExitRestartCount *int32 `dynamodbav:"exitRestartCount,omitempty" json:"exitRestartCount,omitempty"`
 	// Gone is the newest state seen in which the instance no longer runs its
 	// Pod (stopping, stopped, shutting-down, terminated). It stays set.
-	Gone *Gone `dynamodbav:"gone,omitempty"`
+	Gone *Gone `dynamodbav:"gone,omitempty" json:"gone,omitempty"`
 	// LastState and LastStateAt are the newest EC2 state seen, for latency
 	// figures and so older events never overwrite newer ones.
-	LastState     string    `dynamodbav:"lastState,omitempty"`
-	LastStateAt   time.Time `dynamodbav:"lastStateAt,omitempty"`
-	LastStateRank int       `dynamodbav:"lastStateRank,omitempty"`
+	LastState     string    `dynamodbav:"lastState,omitempty" json:"lastState,omitempty"`
+	LastStateAt   time.Time `dynamodbav:"lastStateAt,omitempty" json:"lastStateAt,omitempty"`
+	LastStateRank int       `dynamodbav:"lastStateRank,omitempty" json:"lastStateRank,omitempty"`
 	// PodSynced is the outcome the Pod's status already carries (see
 	// Outcome keys in package reaper); empty until the first status write.
-	PodSynced string `dynamodbav:"podSynced,omitempty"`
+	PodSynced string `dynamodbav:"podSynced,omitempty" json:"podSynced,omitempty"`
 	// Terminated is when Reaper's terminate request for the instance
 	// succeeded (or found it already gone).
-	Terminated time.Time `dynamodbav:"terminated,omitempty"`
-	UpdatedAt  time.Time `dynamodbav:"updatedAt"`
-	ExpiresAt  int64     `dynamodbav:"expiresAt"`
+	Terminated time.Time `dynamodbav:"terminated,omitempty" json:"terminated,omitempty"`
+	UpdatedAt  time.Time `dynamodbav:"updatedAt" json:"updatedAt,omitempty"`
+	ExpiresAt  int64     `dynamodbav:"expiresAt" json:"expiresAt,omitempty"`
 }
 
 // Table is the DynamoDB-backed ledger.
@@ -145,11 +146,9 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod PodRef, e
 		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
 	}
 	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
-		UpdateExpression:    aws.String("SET #exit = :exit, exitRestartCount = :rc, pod = :pod, updatedAt = :now, expiresAt = :exp"),
-		ConditionExpression: aws.String("attribute_not_exists(exitRestartCount) OR exitRestartCount <= :rc"),
-		ExpressionAttributeNames: map[string]string{
-			"#exit": "exit",
-		},
+		UpdateExpression:         aws.String("SET #exit = :exit, exitRestartCount = :rc, #pod = :pod, updatedAt = :now, expiresAt = :exp"),
+		ConditionExpression:      aws.String("attribute_not_exists(exitRestartCount) OR exitRestartCount <= :rc"),
+		ExpressionAttributeNames: names("#exit", "#pod"),
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":exit": exitAV,
 			":rc":   &types.AttributeValueMemberN{Value: fmt.Sprint(exit.RestartCount)},
@@ -196,7 +195,7 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, 
 		if err != nil {
 			return Record{}, err
 		}
-		set += ", pod = if_not_exists(pod, :pod)"
+		set += ", #pod = if_not_exists(#pod, :pod)"
 		values[":pod"] = podAV
 	}
 	if sc.Gone {
@@ -204,13 +203,14 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, 
 		if err != nil {
 			return Record{}, err
 		}
-		set += ", gone = :gone"
+		set += ", #gone = :gone"
 		values[":gone"] = goneAV
 	}
 	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
 		UpdateExpression: aws.String(set),
 		ConditionExpression: aws.String("attribute_not_exists(lastStateAt) OR lastStateAt < :at OR " +
 			"(lastStateAt = :at AND lastStateRank <= :rank)"),
+		ExpressionAttributeNames:  names(set),
 		ExpressionAttributeValues: values,
 	})
 	if errors.Is(err, errStale) {
@@ -245,12 +245,13 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 		values[":synced"] = &types.AttributeValueMemberS{Value: d.PodSynced}
 	}
 	if d.Terminated {
-		set += ", terminated = if_not_exists(terminated, :now)"
+		set += ", #terminated = if_not_exists(#terminated, :now)"
 	}
 	_, err := t.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 &t.name,
 		Key:                       key(instanceID),
 		UpdateExpression:          &set,
+		ExpressionAttributeNames:  names(set),
 		ExpressionAttributeValues: values,
 	})
 	if err != nil {
@@ -299,6 +300,27 @@ func (t *Table) update(ctx context.Context, instanceID string, in *dynamodb.Upda
 		return Record{}, fmt.Errorf("decode: %w", err)
 	}
 	return rec, nil
+}
+
+// aliased are attribute names DynamoDB reserves as keywords; expressions
+// refer to them as #name.
+var aliased = []string{"exit", "pod", "gone", "terminated"}
+
+// names returns the #name aliases an expression uses, or nil: DynamoDB
+// rejects aliases an expression does not use.
+func names(expressions ...string) map[string]string {
+	var out map[string]string
+	for _, n := range aliased {
+		for _, e := range expressions {
+			if strings.Contains(e, "#"+n) {
+				if out == nil {
+					out = map[string]string{}
+				}
+				out["#"+n] = n
+			}
+		}
+	}
+	return out
 }
 
 func key(instanceID string) map[string]types.AttributeValue {

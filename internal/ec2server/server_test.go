@@ -1,0 +1,384 @@
+package ec2server_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+
+	"github.com/reaper-k8s/reaper/internal/ec2server"
+)
+
+// newClient returns the real SDK client pointed at a fresh server. The
+// retryer is the SDK's standard one with a short backoff cap, so retries are
+// exercised without the 1 s throttle base delay slowing the suite down.
+func newClient(t *testing.T, optFns ...func(*retry.StandardOptions)) (*ec2.Client, *ec2server.Server) {
+	t.Helper()
+	srv := ec2server.New()
+	t.Cleanup(srv.Close)
+	fns := append([]func(*retry.StandardOptions){func(o *retry.StandardOptions) { o.MaxBackoff = 10 * time.Millisecond }}, optFns...)
+	client := ec2.New(ec2.Options{
+		Region:       "us-east-1",
+		Credentials:  credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", ""),
+		BaseEndpoint: aws.String(srv.URL()),
+		Retryer:      retry.NewStandard(fns...),
+	})
+	return client, srv
+}
+
+func apiCode(t *testing.T, err error) string {
+	t.Helper()
+	var apiErr smithy.APIError
+	if !errors.As(err, &apiErr) {
+		t.Fatalf("want an API error, got %v", err)
+	}
+	return apiErr.ErrorCode()
+}
+
+func TestDescribeWithTagFilter(t *testing.T) {
+	ctx := context.Background()
+	client, srv := newClient(t)
+	launched := time.Date(2026, 3, 1, 12, 30, 0, 123e6, time.UTC)
+	a := srv.AddInstance(ec2server.Instance{
+		ID:         "i-0123456789abcdef0",
+		LaunchTime: launched,
+		Tags:       map[string]string{"reaper.io/managed": "true", "reaper.io/pod-name": "train-0"},
+	})
+	b := srv.AddInstance(ec2server.Instance{State: ec2server.Stopped, Tags: map[string]string{"reaper.io/managed": "true"}})
+	srv.AddInstance(ec2server.Instance{State: ec2server.Terminated, Tags: map[string]string{"reaper.io/managed": "true"}})
+	srv.AddInstance(ec2server.Instance{Tags: map[string]string{"team": "web"}})
+
+	out, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
+		{Name: aws.String("tag:reaper.io/managed"), Values: []string{"true"}},
+		{Name: aws.String("instance-state-name"), Values: []string{"running", "stopped"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []types.Instance
+	for _, r := range out.Reservations {
+		got = append(got, r.Instances...)
+	}
+	if len(got) != 2 || *got[0].InstanceId != a.ID || *got[1].InstanceId != b.ID {
+		t.Fatalf("got %v, want [%s %s]", ids(got), a.ID, b.ID)
+	}
+	first := got[0]
+	if first.State.Name != types.InstanceStateNameRunning || *first.State.Code != 16 {
+		t.Errorf("state = %s/%d, want running/16", first.State.Name, *first.State.Code)
+	}
+	if !first.LaunchTime.Equal(launched) {
+		t.Errorf("launchTime = %v, want %v", first.LaunchTime, launched)
+	}
+	tags := map[string]string{}
+	for _, tag := range first.Tags {
+		tags[*tag.Key] = *tag.Value
+	}
+	if tags["reaper.io/pod-name"] != "train-0" || len(tags) != 2 {
+		t.Errorf("tags = %v", tags)
+	}
+	if got[1].State.Name != types.InstanceStateNameStopped || *got[1].State.Code != 80 {
+		t.Errorf("second state = %s", got[1].State.Name)
+	}
+
+	// tag-key with a wildcard, and instance-id.
+	out, err = client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
+		{Name: aws.String("tag-key"), Values: []string{"reaper.io/*"}},
+		{Name: aws.String("instance-id"), Values: []string{b.ID}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Reservations) != 1 || *out.Reservations[0].Instances[0].InstanceId != b.ID {
+		t.Fatalf("tag-key filter: got %d reservations", len(out.Reservations))
+	}
+
+	_, err = client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
+		{Name: aws.String("no-such-filter"), Values: []string{"x"}},
+	}})
+	if code := apiCode(t, err); code != "InvalidParameterValue" {
+		t.Errorf("unknown filter: code %s", code)
+	}
+}
+
+func TestDescribePagination(t *testing.T) {
+	client, srv := newClient(t)
+	var want []string
+	for i := range 12 {
+		want = append(want, srv.AddInstance(ec2server.Instance{ID: fmt.Sprintf("i-%08x", i+1)}).ID)
+	}
+	var got []string
+	pages := 0
+	p := ec2.NewDescribeInstancesPaginator(client, &ec2.DescribeInstancesInput{MaxResults: aws.Int32(5)})
+	for p.HasMorePages() {
+		out, err := p.NextPage(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		for _, r := range out.Reservations {
+			got = append(got, ids(r.Instances)...)
+		}
+	}
+	if pages != 3 || !slices.Equal(got, want) {
+		t.Fatalf("pages=%d got %v, want 3 pages of %v", pages, got, want)
+	}
+	if n := srv.CallCount("DescribeInstances"); n != 3 {
+		t.Errorf("CallCount = %d, want 3", n)
+	}
+
+	_, err := client.DescribeInstances(context.Background(), &ec2.DescribeInstancesInput{NextToken: aws.String("garbage")})
+	if code := apiCode(t, err); code != "InvalidPaginationToken" {
+		t.Errorf("bad token: code %s", code)
+	}
+}
+
+func TestUnknownAndMalformedIDs(t *testing.T) {
+	ctx := context.Background()
+	client, srv := newClient(t)
+	known := srv.AddInstance(ec2server.Instance{}).ID
+	unknown := ec2server.NewInstanceID()
+
+	_, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{known, unknown}})
+	if code := apiCode(t, err); code != "InvalidInstanceID.NotFound" {
+		t.Errorf("describe unknown: code %s", code)
+	}
+	var re *smithyhttp.ResponseError
+	if !errors.As(err, &re) || re.HTTPStatusCode() != 400 {
+		t.Errorf("describe unknown: want HTTP 400, got %v", err)
+	}
+
+	// All or nothing: the known instance must survive a request naming an
+	// unknown one.
+	_, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{known, unknown}})
+	if code := apiCode(t, err); code != "InvalidInstanceID.NotFound" {
+		t.Errorf("terminate unknown: code %s", code)
+	}
+	if inst, _ := srv.Instance(known); inst.State != ec2server.Running {
+		t.Errorf("known instance is %s after a failed terminate", inst.State)
+	}
+
+	_, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{"i-nothex"}})
+	if code := apiCode(t, err); code != "InvalidInstanceID.Malformed" {
+		t.Errorf("malformed: code %s", code)
+	}
+
+	many := make([]string, 1001)
+	for i := range many {
+		many[i] = known
+	}
+	_, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: many})
+	if code := apiCode(t, err); code != "InvalidRequest" {
+		t.Errorf("1001 ids: code %s", code)
+	}
+
+	// Unknown ids are not retried: exactly one request each.
+	if n := srv.CallCount("TerminateInstances"); n != 3 {
+		t.Errorf("TerminateInstances calls = %d, want 3", n)
+	}
+}
+
+func TestTerminateIsIdempotent(t *testing.T) {
+	ctx := context.Background()
+	client, srv := newClient(t)
+	id := srv.AddInstance(ec2server.Instance{}).ID
+
+	out, err := client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := out.TerminatingInstances[0]
+	if *ch.InstanceId != id || ch.CurrentState.Name != types.InstanceStateNameShuttingDown || ch.PreviousState.Name != types.InstanceStateNameRunning {
+		t.Fatalf("first terminate: %s %s -> %s", *ch.InstanceId, ch.PreviousState.Name, ch.CurrentState.Name)
+	}
+	if inst, _ := srv.Instance(id); inst.State != ec2server.Terminated || inst.StateReason.Code != "Client.UserInitiatedShutdown" {
+		t.Fatalf("after terminate: %+v", inst)
+	}
+
+	out, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
+	if err != nil {
+		t.Fatalf("second terminate: %v", err)
+	}
+	ch = out.TerminatingInstances[0]
+	if ch.CurrentState.Name != types.InstanceStateNameTerminated || ch.PreviousState.Name != types.InstanceStateNameTerminated ||
+		*ch.CurrentState.Code != 48 {
+		t.Fatalf("second terminate: %s -> %s", ch.PreviousState.Name, ch.CurrentState.Name)
+	}
+
+	// An id named twice in one request changes state once.
+	other := srv.AddInstance(ec2server.Instance{}).ID
+	out, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{other, id, other}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(out.TerminatingInstances); n != 2 || out.TerminatingInstances[0].PreviousState.Name != types.InstanceStateNameRunning {
+		t.Fatalf("duplicate ids: %d entries, first previous state %s", n, out.TerminatingInstances[0].PreviousState.Name)
+	}
+
+	// Terminated instances stay visible until removed.
+	desc, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
+	if err != nil || desc.Reservations[0].Instances[0].State.Name != types.InstanceStateNameTerminated {
+		t.Fatalf("describe terminated: %v", err)
+	}
+	srv.RemoveInstance(id)
+	_, err = client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
+	if code := apiCode(t, err); code != "InvalidInstanceID.NotFound" {
+		t.Errorf("describe removed: code %s", code)
+	}
+}
+
+func TestTransitionDelayAndStop(t *testing.T) {
+	ctx := context.Background()
+	client, srv := newClient(t)
+	srv.SetTransitionDelay(time.Hour)
+	a := srv.AddInstance(ec2server.Instance{}).ID
+	b := srv.AddInstance(ec2server.Instance{}).ID
+
+	if _, err := client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{a}}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{a}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := out.TerminatingInstances[0].CurrentState.Name; s != types.InstanceStateNameShuttingDown {
+		t.Errorf("still shutting down expected, got %s", s)
+	}
+
+	stop, err := client.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := stop.StoppingInstances[0].CurrentState.Name; s != types.InstanceStateNameStopping {
+		t.Errorf("stop: current %s", s)
+	}
+	_, err = client.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{a}})
+	if code := apiCode(t, err); code != "IncorrectInstanceState" {
+		t.Errorf("stop shutting-down: code %s", code)
+	}
+
+	srv.SetState(b, ec2server.Stopped)
+	if inst, _ := srv.Instance(b); inst.State != ec2server.Stopped {
+		t.Errorf("SetState: %s", inst.State)
+	}
+
+	_, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{b}, DryRun: aws.Bool(true)})
+	if code := apiCode(t, err); code != "DryRunOperation" {
+		t.Errorf("dry run: code %s", code)
+	}
+	if inst, _ := srv.Instance(b); inst.State != ec2server.Stopped {
+		t.Errorf("dry run changed the state to %s", inst.State)
+	}
+}
+
+func TestThrottlingIsRetried(t *testing.T) {
+	ctx := context.Background()
+	client, srv := newClient(t)
+	id := srv.AddInstance(ec2server.Instance{}).ID
+
+	srv.Throttle("TerminateInstances", 2)
+	if _, err := client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}}); err != nil {
+		t.Fatalf("terminate after 2 throttles: %v", err)
+	}
+	calls := srv.Calls()
+	if len(calls) != 3 {
+		t.Fatalf("want 3 attempts, got %d", len(calls))
+	}
+	for i, c := range calls {
+		throttled := i < 2
+		if c.Injected != throttled || (c.ErrorCode == "RequestLimitExceeded") != throttled || !slices.Equal(c.InstanceIDs, []string{id}) {
+			t.Errorf("call %d: %+v", i, c)
+		}
+	}
+
+	// When the throttle outlasts the attempts, the caller sees a throttle
+	// error the SDK classifies as one.
+	srv.ResetCalls()
+	srv.ThrottleUntil("", time.Now().Add(time.Minute))
+	_, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{})
+	if code := apiCode(t, err); code != "RequestLimitExceeded" {
+		t.Fatalf("code %s", code)
+	}
+	if retry.IsErrorThrottles(retry.DefaultThrottles).IsErrorThrottle(err) != aws.TrueTernary {
+		t.Errorf("SDK does not classify %v as a throttle", err)
+	}
+	var re *smithyhttp.ResponseError
+	if !errors.As(err, &re) || re.HTTPStatusCode() != 503 {
+		t.Errorf("want HTTP 503, got %v", err)
+	}
+	if n := srv.CallCount("DescribeInstances"); n != retry.DefaultMaxAttempts {
+		t.Errorf("attempts = %d, want %d", n, retry.DefaultMaxAttempts)
+	}
+	srv.ClearFaults()
+	if _, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{}); err != nil {
+		t.Fatalf("after ClearFaults: %v", err)
+	}
+}
+
+func TestFailNext(t *testing.T) {
+	ctx := context.Background()
+	client, srv := newClient(t)
+	id := srv.AddInstance(ec2server.Instance{}).ID
+
+	// A 500 is retried by status code.
+	srv.FailNext("DescribeInstances", 1, "InternalError", 500)
+	if _, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}}); err != nil {
+		t.Fatalf("describe after one InternalError: %v", err)
+	}
+	if n := srv.CallCount("DescribeInstances"); n != 2 {
+		t.Errorf("attempts = %d, want 2", n)
+	}
+
+	// A client error is not retried, and the instance is untouched.
+	srv.FailNext("TerminateInstances", 1, "UnauthorizedOperation", 403)
+	_, err := client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
+	if code := apiCode(t, err); code != "UnauthorizedOperation" {
+		t.Fatalf("code %s", code)
+	}
+	if n := srv.CallCount("TerminateInstances"); n != 1 {
+		t.Errorf("attempts = %d, want 1", n)
+	}
+	if inst, _ := srv.Instance(id); inst.State != ec2server.Running {
+		t.Errorf("state %s after a faulted terminate", inst.State)
+	}
+}
+
+func TestConcurrentUse(t *testing.T) {
+	ctx := context.Background()
+	client, srv := newClient(t)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			id := srv.AddInstance(ec2server.Instance{Tags: map[string]string{"reaper.io/managed": "true"}}).ID
+			if _, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{}); err != nil {
+				t.Error(err)
+			}
+			if _, err := client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}}); err != nil {
+				t.Error(err)
+			}
+			_ = srv.Calls()
+		})
+	}
+	wg.Wait()
+	if n := srv.CallCount("TerminateInstances"); n != 8 {
+		t.Errorf("TerminateInstances calls = %d", n)
+	}
+}
+
+func ids(insts []types.Instance) []string {
+	out := make([]string, len(insts))
+	for i, inst := range insts {
+		out[i] = aws.ToString(inst.InstanceId)
+	}
+	return out
+}

@@ -1,0 +1,127 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"slices"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/reaper-k8s/reaper/internal/ec2server"
+)
+
+// Row is one Pod of a demo run as it ended.
+type Row struct {
+	Pod      string
+	ExitCode string
+	Phase    corev1.PodPhase
+	Reason   string
+	Instance string
+	State    ec2server.State
+}
+
+// Result is a demo run: the rows and the invocation latencies.
+type Result struct {
+	Name      string
+	Rows      []Row
+	Latencies []time.Duration
+}
+
+// Finalized counts Pods in a terminal phase.
+func (r Result) Finalized() int {
+	return count(r.Rows, func(row Row) bool { return row.Phase == corev1.PodSucceeded || row.Phase == corev1.PodFailed })
+}
+
+// Terminated counts instances shutting down or terminated.
+func (r Result) Terminated() int {
+	return count(r.Rows, func(row Row) bool { return row.State == ec2server.Terminated || row.State == ec2server.ShuttingDown })
+}
+
+// Leaked counts instances still up although their Pod has ended.
+func (r Result) Leaked() int {
+	return count(r.Rows, func(row Row) bool {
+		return (row.Phase == corev1.PodSucceeded || row.Phase == corev1.PodFailed) &&
+			row.State != ec2server.Terminated && row.State != ec2server.ShuttingDown
+	})
+}
+
+// Percentile returns the p-th percentile (0..100) of the latencies.
+func (r Result) Percentile(p float64) time.Duration {
+	if len(r.Latencies) == 0 {
+		return 0
+	}
+	l := slices.Clone(r.Latencies)
+	slices.Sort(l)
+	return l[min(len(l)-1, int(float64(len(l))*p/100))]
+}
+
+func count(rows []Row, f func(Row) bool) int {
+	n := 0
+	for _, r := range rows {
+		if f(r) {
+			n++
+		}
+	}
+	return n
+}
+
+// Replicas30 is the observed case: 30 replicas of a GPU sample whose
+// command ends. Each exit line is replayed through exitrecorder.
+func (l *Lab) Replicas30(ctx context.Context, recordings string) (Result, error) {
+	sc, err := l.Prepare(ctx, filepath.Join(recordings, "replicas30"), corev1.RestartPolicyNever, nil)
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{Name: "replicas30: 30 GPU sample Pods whose command ends"}
+	for _, p := range sc.Payloads("exitrecorder") {
+		start := time.Now()
+		if err := l.Invoke(ctx, "exitrecorder", p, nil); err != nil {
+			return res, err
+		}
+		res.Latencies = append(res.Latencies, time.Since(start))
+	}
+	res.Rows, err = l.rows(ctx, sc)
+	return res, err
+}
+
+func (l *Lab) rows(ctx context.Context, sc *Scenario) ([]Row, error) {
+	var rows []Row
+	for name, pod := range sc.Pods {
+		p, err := l.Stack.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		row := Row{Pod: p.Namespace + "/" + p.Name, ExitCode: "-", Phase: p.Status.Phase, Instance: sc.Instances[name]}
+		for _, cs := range p.Status.ContainerStatuses {
+			if t := cs.State.Terminated; t != nil {
+				row.ExitCode, row.Reason = fmt.Sprint(t.ExitCode), t.Reason
+			}
+		}
+		if i, ok := l.Stack.EC2.Instance(row.Instance); ok {
+			row.State = i.State
+		}
+		rows = append(rows, row)
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].Pod < rows[j].Pod })
+	return rows, nil
+}
+
+// Print writes the table and the summary.
+func (r Result) Print(w io.Writer) {
+	fmt.Fprintf(w, "\n== %s\n\n", r.Name)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POD\tEXIT CODE\tPHASE\tREASON\tINSTANCE\tINSTANCE STATE")
+	for _, row := range r.Rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", row.Pod, row.ExitCode, row.Phase, row.Reason, row.Instance, row.State)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nfinalized %d/%d  terminated %d/%d  leaked %d  handler latency p50 %s p99 %s (%d invocations)\n",
+		r.Finalized(), len(r.Rows), r.Terminated(), len(r.Rows), r.Leaked(),
+		r.Percentile(50).Round(100*time.Microsecond), r.Percentile(99).Round(100*time.Microsecond), len(r.Latencies))
+}
