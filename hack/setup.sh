@@ -76,4 +76,5 @@ export REAPER_RIE='$bin/aws-lambda-rie'
 export REAPER_CDK='$node_dir/node_modules/.bin/cdk'
 export REAPER_STATICCHECK='$bin/staticcheck-$STATICCHECK_VERSION'
 export REAPER_SHELLCHECK='$(command -v shellcheck)'
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20
 ENV

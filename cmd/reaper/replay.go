@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
@@ -18,6 +19,10 @@ func init() {
 		run:     runReplay,
 	})
 }
+
+// exitWait is the exit-wait window of the demo: short, so the spot demo
+// does not wait the default 3 minutes for its lost Pods.
+const exitWait = 5 * time.Second
 
 func runReplay(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
@@ -45,18 +50,26 @@ func runReplay(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stack.Stop()
-	lab, err := replay.NewLab(ctx, stack, "reaper-ledger", bins)
+	lab, err := replay.NewLab(ctx, stack, "reaper-ledger", bins, "REAPER_EXIT_WAIT="+exitWait.String())
 	if err != nil {
 		return err
 	}
 	defer lab.Stop()
 
-	res, err := lab.Replicas30(ctx, filepath.Join(root, *recordings))
-	if err != nil {
-		return err
+	dir = filepath.Join(root, *recordings)
+	failed := false
+	for _, run := range []func() (replay.Result, error){
+		func() (replay.Result, error) { return lab.Replicas30(ctx, dir) },
+		func() (replay.Result, error) { return lab.Spot10(ctx, dir) },
+	} {
+		res, err := run()
+		if err != nil {
+			return err
+		}
+		res.Print(os.Stdout)
+		failed = failed || res.Finalized() != len(res.Rows) || res.Leaked() != 0
 	}
-	res.Print(os.Stdout)
-	if res.Finalized() != len(res.Rows) || res.Leaked() != 0 {
+	if failed {
 		return errors.New("some Pods were not finalized or instances leaked")
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
 // Row is one Pod of a demo run as it ended.
@@ -124,4 +125,33 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nfinalized %d/%d  terminated %d/%d  leaked %d  handler latency p50 %s p99 %s (%d invocations)\n",
 		r.Finalized(), len(r.Rows), r.Terminated(), len(r.Rows), r.Leaked(),
 		r.Percentile(50).Round(100*time.Microsecond), r.Percentile(99).Round(100*time.Microsecond), len(r.Latencies))
+}
+
+// Spot10 is the second demo: spot reclaims 10 instances; for 5 of them the
+// exit line arrives after the terminated event, inside the exit-wait window,
+// and wins; the other 5 Pods are finalized as lost by the sweep once the
+// exit-wait window the state changes opened has passed.
+func (l *Lab) Spot10(ctx context.Context, recordings string) (Result, error) {
+	sc, err := l.Prepare(ctx, filepath.Join(recordings, "spot10"), corev1.RestartPolicyNever, nil)
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{Name: "spot10: spot reclaims 10 instances, 5 exit lines arrive late"}
+	var windowEnd time.Time
+	for _, st := range sc.Steps {
+		if st.Function == "sweeper" {
+			time.Sleep(time.Until(windowEnd) + 100*time.Millisecond)
+		}
+		var sum reaper.StateSummary
+		start := time.Now()
+		if err := l.Play(ctx, st, &sum); err != nil {
+			return res, fmt.Errorf("%s: %w", st.Function, err)
+		}
+		res.Latencies = append(res.Latencies, time.Since(start))
+		if w, err := time.Parse(time.RFC3339, sum.WaitUntil); err == nil && w.After(windowEnd) {
+			windowEnd = w
+		}
+	}
+	res.Rows, err = l.rows(ctx, sc)
+	return res, err
 }

@@ -8,6 +8,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/pkg/statechange"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,6 +80,10 @@ type Lab struct {
 	Table     string
 	Ledger    *ledger.Table
 	Functions map[string]*localstack.Function
+	// Bootstraps are the built functions, to start more with other knobs.
+	Bootstraps map[string]string
+	// Env is what the functions run with.
+	Env []string
 }
 
 // NewLab creates the ledger table and starts each bootstrap under the
@@ -86,10 +93,12 @@ func NewLab(ctx context.Context, stack *localstack.Stack, table string, bootstra
 	if err := ledger.CreateTable(ctx, db, table); err != nil {
 		return nil, err
 	}
-	l := &Lab{Stack: stack, Table: table, Ledger: ledger.New(db, table), Functions: map[string]*localstack.Function{}}
-	fnEnv := append(append(stack.Env(), "REAPER_TABLE="+table), env...)
+	l := &Lab{
+		Stack: stack, Table: table, Ledger: ledger.New(db, table), Functions: map[string]*localstack.Function{},
+		Bootstraps: bootstraps, Env: append(append(stack.Env(), "REAPER_TABLE="+table), env...),
+	}
 	for name, bin := range bootstraps {
-		f, err := localstack.StartFunction(ctx, bin, fnEnv)
+		f, err := localstack.StartFunction(ctx, bin, l.Env)
 		if err != nil {
 			l.Stop()
 			return nil, err
@@ -104,6 +113,26 @@ func (l *Lab) Stop() {
 	for _, f := range l.Functions {
 		f.Stop()
 	}
+}
+
+// Play replays one step: for a state change, the EC2 test server's
+// instance first reaches that state (the world changes, then EventBridge
+// tells), unless it is already further along its lifecycle.
+func (l *Lab) Play(ctx context.Context, st LiveStep, out any) error {
+	if st.Function == "statechange" {
+		var ev events.CloudWatchEvent
+		if err := json.Unmarshal(st.Payload, &ev); err != nil {
+			return err
+		}
+		m, err := statechange.Parse(ev)
+		if err != nil {
+			return err
+		}
+		if i, ok := l.Stack.EC2.Instance(m.InstanceID); ok && statechange.Rank(m.State) > statechange.Rank(string(i.State)) {
+			l.Stack.EC2.SetState(m.InstanceID, ec2server.State(m.State))
+		}
+	}
+	return l.Invoke(ctx, st.Function, st.Payload, out)
 }
 
 // Invoke sends one event to a function and decodes its response into out

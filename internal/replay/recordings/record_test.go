@@ -173,6 +173,7 @@ func scenarios() map[string]scenario {
 	one("pod-replaced", 6, "jobs", "job-replaced", 0)
 	one("unmanaged", 7, "jobs", "job-unmanaged", 0)
 	one("api-down", 8, "jobs", "job-api-down", 0)
+	one("job-throttled", 15, "jobs", "job-throttled", 0)
 	// The installer restarted the container runtime under itself; the
 	// wrapper still reports the workload's own exit.
 	one("installer", 9, "jobs", "installer", 0, func(l *exitline.Line) { l.RuntimeRestarted = true })
@@ -205,19 +206,25 @@ func scenarios() map[string]scenario {
 	id = instanceID(20)
 	s["spot-no-exit"] = scenario{
 		subjects: []replay.Subject{{InstanceID: id, Namespace: "spot", Name: "train-spot", RecordedUID: recordedUID(20)}},
-		steps:    []step{state(id, "shutting-down", 0), state(id, "terminated", 40*time.Second), sweep(2 * time.Minute)},
+		steps:    []step{state(id, "shutting-down", 0), state(id, "terminated", time.Second), sweep(2 * time.Minute)},
 	}
 	// The terminated event overtakes the exit line.
 	id = instanceID(21)
 	s["terminated-before-exit"] = scenario{steps: []step{
-		state(id, "shutting-down", 0), state(id, "terminated", 30*time.Second),
+		state(id, "shutting-down", 0), state(id, "terminated", time.Second),
 		exit(payload(id, line(id, "spot", "train-late-line", 21, 0))),
 	}}
 	// Somebody stops the instance by hand.
 	id = instanceID(22)
 	s["manual-stop"] = scenario{
 		subjects: []replay.Subject{{InstanceID: id, Namespace: "ops", Name: "stopped-by-hand", RecordedUID: recordedUID(22)}},
-		steps:    []step{state(id, "stopping", 0), state(id, "stopped", 20*time.Second), sweep(time.Minute)},
+		steps:    []step{state(id, "stopping", 0), state(id, "stopped", time.Second), sweep(time.Minute)},
+	}
+	// The same, for a deployment that keeps stopped instances.
+	id = instanceID(26)
+	s["manual-stop-kept"] = scenario{
+		subjects: []replay.Subject{{InstanceID: id, Namespace: "ops", Name: "stopped-and-kept", RecordedUID: recordedUID(26)}},
+		steps:    []step{state(id, "stopping", 0), state(id, "stopped", time.Second), sweep(time.Minute)},
 	}
 	// A managed instance whose Pod is gone, and an unmanaged one likewise.
 	s["orphans"] = scenario{
@@ -237,7 +244,7 @@ func scenarios() map[string]scenario {
 	var spot scenario
 	for i := range 10 {
 		id := instanceID(200 + i)
-		spot.steps = append(spot.steps, state(id, "terminated", time.Duration(i)*time.Second))
+		spot.steps = append(spot.steps, state(id, "terminated", time.Duration(i)*100*time.Millisecond))
 		if i%2 == 1 {
 			spot.subjects = append(spot.subjects, replay.Subject{InstanceID: id, Namespace: "spot-fleet", Name: fmt.Sprintf("worker-%02d", i), RecordedUID: recordedUID(200 + i)})
 		}

@@ -1,0 +1,235 @@
+package replay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/pkg/reaper"
+)
+
+// The tests of this file sweep, and a sweep looks at every instance and
+// record of the shared lab, so none of them runs in parallel: Go runs them
+// before the parallel exit tests start.
+
+func play(t *testing.T, st LiveStep, out any) {
+	t.Helper()
+	if err := lab.Play(t.Context(), st, out); err != nil {
+		t.Fatalf("%s: %v", st.Function, err)
+	}
+}
+
+func sweepNow(t *testing.T) reaper.SweepSummary {
+	t.Helper()
+	var sum reaper.SweepSummary
+	if err := lab.Invoke(t.Context(), "sweeper", []byte(`{"source":"aws.events","detail-type":"Scheduled Event"}`), &sum); err != nil {
+		t.Fatalf("sweeper: %v", err)
+	}
+	return sum
+}
+
+// playStates plays the state changes of a scenario and returns the end of
+// the exit-wait window they opened.
+func playStates(t *testing.T, sc *Scenario) time.Time {
+	t.Helper()
+	var until time.Time
+	for _, st := range sc.Steps {
+		if st.Function != "statechange" {
+			continue
+		}
+		var sum reaper.StateSummary
+		play(t, st, &sum)
+		if w, err := time.Parse(time.RFC3339, sum.WaitUntil); err == nil && w.After(until) {
+			until = w
+		}
+	}
+	if until.IsZero() {
+		t.Fatal("no exit-wait window opened")
+	}
+	return until
+}
+
+func waitPast(t time.Time) { time.Sleep(time.Until(t) + 50*time.Millisecond) }
+
+// wantLost checks the Pod was finalized as lost, naming what happened.
+func wantLost(t *testing.T, pod *corev1.Pod, disruption string) {
+	t.Helper()
+	if pod.Status.Phase != corev1.PodFailed {
+		t.Fatalf("phase %s", pod.Status.Phase)
+	}
+	term := pod.Status.ContainerStatuses[0].State.Terminated
+	if term == nil || term.ExitCode != 137 || term.Reason != "ContainerStatusUnknown" {
+		t.Fatalf("container %+v", pod.Status.ContainerStatuses[0].State)
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget {
+			if c.Status != corev1.ConditionTrue || c.Reason != disruption || c.Message == "" {
+				t.Fatalf("DisruptionTarget %+v", c)
+			}
+			return
+		}
+	}
+	t.Fatalf("no DisruptionTarget condition: %+v", pod.Status.Conditions)
+}
+
+func TestSpotInterruptionWithoutExit(t *testing.T) {
+	sc := prepare(t, "spot-no-exit", corev1.RestartPolicyNever, nil)
+	until := playStates(t, sc)
+	if p := getPod(t, "spot", "train-spot"); p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("finalized before the window closed: %s", p.Status.Phase)
+	}
+	if sum := sweepNow(t); sum.WaitingExit < 1 {
+		t.Fatalf("sweep inside the window: %+v", sum)
+	}
+	waitPast(until)
+	if sum := sweepNow(t); sum.PodsLost < 1 {
+		t.Fatalf("sweep after the window: %+v", sum)
+	}
+	wantLost(t, getPod(t, "spot", "train-spot"), "InstanceTerminated")
+	if terminateCalls(sc.Instances["train-spot"]) != 0 {
+		t.Fatal("a terminated instance was terminated again")
+	}
+}
+
+func TestTerminatedBeforeExitLine(t *testing.T) {
+	sc := prepare(t, "terminated-before-exit", corev1.RestartPolicyNever, nil)
+	playStates(t, sc)
+	invokeExit(t, sc.Payloads("exitrecorder")[0])
+	wantEnded(t, getPod(t, "spot", "train-late-line"), corev1.PodSucceeded, 0, "Completed")
+	sweepNow(t) // nothing left to do, and nothing undone
+	wantEnded(t, getPod(t, "spot", "train-late-line"), corev1.PodSucceeded, 0, "Completed")
+	if terminateCalls(sc.Instances["train-late-line"]) != 0 {
+		t.Fatal("a terminated instance was terminated again")
+	}
+}
+
+func TestManualStop(t *testing.T) {
+	t.Run("terminate stopped (default)", func(t *testing.T) {
+		sc := prepare(t, "manual-stop", corev1.RestartPolicyNever, nil)
+		id := sc.Instances["stopped-by-hand"]
+		until := playStates(t, sc)
+		if n := terminateCalls(id); n != 1 || instanceState(t, id) != ec2server.Terminated {
+			t.Fatalf("stopped instance: %d terminate calls, state %s", n, instanceState(t, id))
+		}
+		waitPast(until)
+		sweepNow(t)
+		wantLost(t, getPod(t, "ops", "stopped-by-hand"), "InstanceStopped")
+	})
+	t.Run("keep stopped", func(t *testing.T) {
+		// The knob is deployment-wide: both functions that may terminate run with it.
+		env := append(slices.Clone(lab.Env), "REAPER_TERMINATE_STOPPED=false")
+		keep := localstack.MustStartFunction(t, lab.Bootstraps["statechange"], env)
+		keepSweeper := localstack.MustStartFunction(t, lab.Bootstraps["sweeper"], env)
+		sc := prepare(t, "manual-stop-kept", corev1.RestartPolicyNever, nil)
+		id := sc.Instances["stopped-and-kept"]
+		var until time.Time
+		for _, st := range sc.Payloads("statechange") {
+			lab.Stack.EC2.SetState(id, ec2server.Stopped)
+			resp, fnErr, err := keep.Invoke(t.Context(), st)
+			if err != nil || fnErr != nil {
+				t.Fatalf("statechange: %v %v", err, fnErr)
+			}
+			var sum reaper.StateSummary
+			if err := json.Unmarshal(resp, &sum); err != nil {
+				t.Fatal(err)
+			}
+			if until, err = time.Parse(time.RFC3339, sum.WaitUntil); err != nil {
+				t.Fatalf("no exit-wait window: %+v", sum)
+			}
+		}
+		if n := terminateCalls(id); n != 0 || instanceState(t, id) != ec2server.Stopped {
+			t.Fatalf("kept instance: %d terminate calls, state %s", n, instanceState(t, id))
+		}
+		waitPast(until)
+		if _, fnErr, err := keepSweeper.Invoke(t.Context(), sc.Payloads("sweeper")[0]); err != nil || fnErr != nil {
+			t.Fatalf("sweeper: %v %v", err, fnErr)
+		}
+		wantLost(t, getPod(t, "ops", "stopped-and-kept"), "InstanceStopped")
+		if instanceState(t, id) != ec2server.Stopped {
+			t.Fatal("the sweep terminated a stopped instance kept by the knob")
+		}
+	})
+}
+
+func TestOrphans(t *testing.T) {
+	sc := prepare(t, "orphans", corev1.RestartPolicyNever, func(s Subject) bool { return s.Name == "orphan-managed" })
+	for name := range sc.Pods {
+		if err := lab.Stack.Kube.CoreV1().Pods("ops").Delete(t.Context(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sum := sweepNow(t); sum.Orphans < 1 {
+		t.Fatalf("sweep: %+v", sum)
+	}
+	if id := sc.Instances["orphan-managed"]; terminateCalls(id) != 1 || instanceState(t, id) != ec2server.Terminated {
+		t.Fatal("orphaned managed instance not terminated")
+	}
+	if id := sc.Instances["orphan-unmanaged"]; terminateCalls(id) != 0 || instanceState(t, id) != ec2server.Running {
+		t.Fatal("unmanaged instance touched")
+	}
+}
+
+func TestSweepDuringAPIOutage(t *testing.T) {
+	sc := prepare(t, "sweep-api-down", corev1.RestartPolicyNever, nil)
+	waitPast(playStates(t, sc))
+	lab.Stack.StopAPIServer()
+	up := false
+	t.Cleanup(func() {
+		if !up {
+			_ = lab.Stack.StartAPIServer(context.Background())
+		}
+	})
+	var fnErr *localstack.FunctionError
+	if err := lab.Invoke(t.Context(), "sweeper", sc.Payloads("sweeper")[0], nil); !errors.As(err, &fnErr) {
+		t.Fatalf("sweep with the apiserver down: %v, want a function error", err)
+	}
+	if rec := record(t, sc.Instances["train-sweep-outage"]); rec.PodSynced != "" || rec.Gone == nil {
+		t.Fatalf("ledger after the failed sweep: %+v", rec)
+	}
+	if err := lab.Stack.StartAPIServer(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	up = true
+	if err := lab.Invoke(t.Context(), "sweeper", sc.Payloads("sweeper")[1], nil); err != nil {
+		t.Fatalf("sweep after the outage: %v", err)
+	}
+	wantLost(t, getPod(t, "spot", "train-sweep-outage"), "InstanceTerminated")
+}
+
+// EC2 throttles the account: the SDK's retryer, tuned, rides it out inside
+// the invocation.
+func TestThrottledEC2(t *testing.T) {
+	sc := prepare(t, "job-throttled", corev1.RestartPolicyNever, nil)
+	lab.Stack.EC2.Throttle("TerminateInstances", 2)
+	lab.Stack.EC2.Throttle("DescribeInstances", 1)
+	if sum := invokeExit(t, sc.Payloads("exitrecorder")[0]); sum.Terminate != "terminating" {
+		t.Fatalf("summary %+v", sum)
+	}
+	if id := sc.Instances["job-throttled"]; instanceState(t, id) != ec2server.Terminated || terminateCalls(id) != 1 {
+		t.Fatal("instance not terminated once")
+	}
+}
+
+// The second demo: spot reclaims 10 instances; 5 exit lines arrive late but
+// inside the window and win, the other 5 Pods are finalized as lost.
+func TestSpot10(t *testing.T) {
+	res, err := lab.Spot10(t.Context(), recordingsDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Finalized() != 10 || res.Leaked() != 0 || res.Terminated() != 10 {
+		t.Fatalf("finalized %d terminated %d leaked %d", res.Finalized(), res.Terminated(), res.Leaked())
+	}
+	lost := count(res.Rows, func(r Row) bool { return r.Reason == "ContainerStatusUnknown" })
+	if lost != 5 {
+		t.Fatalf("%d lost, want 5: %+v", lost, res.Rows)
+	}
+}
