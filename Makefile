@@ -40,5 +40,13 @@ replay: setup
 bench: setup
 	@$(SETUP) && go test -run '^$$' -bench . -benchmem -benchtime 1x ./bench/...
 
+# cdk.out/<stack>.template.json and its assets; needs no AWS account or
+# credentials. `sam local invoke -t cdk.out/Reaper.template.json` runs on it.
+# Knobs (infra/README.md) go in CDK_CONTEXT, e.g.
+# make synth CDK_CONTEXT="-c eksCluster=prod -c alarmEmail=ops@example.com"
+.PHONY: synth
+synth: setup build
+	@$(SETUP) && JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 "$$REAPER_CDK" synth --quiet --no-lookups $(CDK_CONTEXT)
+
 clean:
 	rm -rf build cdk.out

@@ -18,13 +18,19 @@ import (
 // the whole.
 const requestTimeout = 15 * time.Second
 
-// RESTConfig returns the client configuration for the access mode.
+// RESTConfig returns the client configuration for the access mode: an EKS
+// cluster (IAM token), a kubeconfig held in Secrets Manager, or a kubeconfig
+// file for local runs.
 func RESTConfig(ctx context.Context, access config.KubeAccess, awsCfg aws.Config) (*rest.Config, error) {
 	var (
 		cfg *rest.Config
 		err error
 	)
 	switch {
+	case access.EKSCluster != "":
+		cfg, err = eksConfig(ctx, access.EKSCluster, awsCfg)
+	case access.KubeconfigSecret != "":
+		cfg, err = secretConfig(ctx, access.KubeconfigSecret, awsCfg)
 	default:
 		cfg, err = clientcmd.BuildConfigFromFlags("", access.Kubeconfig)
 		if err != nil {

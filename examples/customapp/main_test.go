@@ -1,0 +1,79 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/reaper-k8s/reaper/infra/cdktest"
+	"github.com/reaper-k8s/reaper/infra/iamcheck"
+)
+
+// TestCustomApp builds this app's stack and finds its non-default settings
+// in the template.
+func TestCustomApp(t *testing.T) {
+	defer jsii.Close()
+	dir, err := cdktest.FakeBuildDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+
+	stack, r := newStack(cdktest.NewApp(t, nil), dir)
+	tmpl := cdktest.Template(t, stack)
+	secret := "arn:aws:secretsmanager:eu-west-1:123456789012:secret:gpu-pods/kubeconfig-AbCdEf"
+	cdktest.Must(t, func() {
+		tmpl.HasResourceProperties(jsii.String("AWS::DynamoDB::Table"), map[string]any{"TableName": "gpu-pods-ledger"})
+		tmpl.HasResourceProperties(jsii.String("AWS::Logs::LogGroup"), map[string]any{"LogGroupName": "/gpu-pods/exits"})
+		tmpl.HasResourceProperties(jsii.String("AWS::Logs::SubscriptionFilter"), map[string]any{"FilterPattern": `{ $.reaper = "container-exit" }`})
+		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"MemorySize":    512,
+			"LoggingConfig": assertions.Match_ObjectLike(&map[string]any{"ApplicationLogLevel": "DEBUG"}),
+			"Environment": map[string]any{"Variables": map[string]any{
+				"REAPER_TABLE":             map[string]any{"Ref": assertions.Match_AnyValue()},
+				"REAPER_KUBECONFIG_SECRET": secret,
+				"REAPER_EXIT_WAIT":         "5m0s",
+				"REAPER_ORPHAN_GRACE":      "30m0s",
+				"REAPER_TERMINATE_STOPPED": "false",
+				"REAPER_DRY_RUN":           "true",
+				"REAPER_LOG_LEVEL":         "debug",
+				"REAPER_TAG_MANAGED":       "gpu-pods.example.com/managed",
+				"REAPER_TAG_POD_NAMESPACE": "gpu-pods.example.com/namespace",
+				"REAPER_TAG_POD_NAME":      "gpu-pods.example.com/pod",
+				"REAPER_TAG_POD_UID":       "gpu-pods.example.com/uid",
+			}},
+		})
+		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 3 * 3600})
+		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"ScheduleExpression": "rate(5 minutes)"})
+		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "gpu-oncall@example.com"})
+		// Secrets Manager access instead of EKS.
+		tmpl.HasResourceProperties(jsii.String("AWS::IAM::Policy"), map[string]any{"PolicyDocument": map[string]any{
+			"Statement": assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{
+				"Action": "secretsmanager:GetSecretValue", "Resource": secret,
+			})}),
+		}})
+		// The app's own role carries the construct's agent policy.
+		tmpl.HasResourceProperties(jsii.String("AWS::IAM::Role"), map[string]any{
+			"AssumeRolePolicyDocument": assertions.Match_ObjectLike(&map[string]any{"Statement": []any{assertions.Match_ObjectLike(&map[string]any{
+				"Principal": map[string]any{"Service": "ec2.amazonaws.com"},
+			})}}),
+			"ManagedPolicyArns": []any{stack.Resolve(r.AgentPolicy.ManagedPolicyArn())},
+		})
+	})
+	m := cdktest.JSON(t, tmpl)
+	for id, p := range cdktest.Resources(m, "AWS::IAM::Policy") {
+		if b, _ := json.Marshal(p); strings.Contains(string(b), "eks:") {
+			t.Errorf("%s grants EKS access although the app reads a kubeconfig secret", id)
+		}
+	}
+	if f := iamcheck.UnguardedTerminations(m, "gpu-pods.example.com/managed"); len(f) != 0 {
+		t.Errorf("unguarded grants: %v", f)
+	}
+	if f := iamcheck.UnguardedTerminations(m, "reaper.io/managed"); len(f) != 3 {
+		t.Errorf("terminate grants are not guarded by the app's own tag key: %v", f)
+	}
+}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/reaper-k8s/reaper/infra/cdktest"
+	"github.com/reaper-k8s/reaper/infra/iamcheck"
+)
+
+var buildDir string
+
+func TestMain(m *testing.M) {
+	dir, err := cdktest.FakeBuildDir()
+	if err != nil {
+		panic(err)
+	}
+	buildDir = dir
+	code := m.Run()
+	jsii.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func appWith(t *testing.T, ctx map[string]any) awscdk.App {
+	ctx["buildDir"] = buildDir
+	return cdktest.NewApp(t, ctx)
+}
+
+// TestContextKnobs sets every knob the way `-c key=value` does (strings)
+// or cdk.json may (booleans, numbers, lists) and finds each in the template.
+func TestContextKnobs(t *testing.T) {
+	var stack awscdk.Stack
+	cdktest.Must(t, func() {
+		var err error
+		stack, _, err = newStack(appWith(t, map[string]any{
+			"stackName":                "ReaperStaging",
+			"kubeconfigSecretArn":      "arn:aws:secretsmanager:eu-west-1:123456789012:secret:reaper/kubeconfig-AbCdEf",
+			"tableName":                "reaper-staging",
+			"tableRemovalPolicy":       "destroy",
+			"exitLogGroup":             "/staging/reaper/exits",
+			"exitLogRetentionDays":     "7",
+			"functionLogRetentionDays": 90.0,
+			"exitWait":                 "5m",
+			"orphanGrace":              "1h",
+			"terminateStopped":         "false",
+			"dryRun":                   true,
+			"logLevel":                 "warn",
+			"tagManaged":               "example.com/reaped",
+			"tagPodNamespace":          "example.com/ns",
+			"tagPodName":               "example.com/pod",
+			"tagPodUid":                "example.com/uid",
+			"memoryMb":                 "512",
+			"reservedConcurrency":      10.0,
+			"sweepRate":                "2m",
+			"maxEventAge":              "30m",
+			"includeRunning":           "true",
+			"alarmEmail":               "oncall@example.com",
+			"subnetIds":                "subnet-0123456789abcdef0, subnet-0fedcba9876543210",
+			"securityGroupIds":         []any{"sg-0123456789abcdef0"},
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	if *stack.StackName() != "ReaperStaging" {
+		t.Errorf("stack name %s", *stack.StackName())
+	}
+	tmpl := cdktest.Template(t, stack)
+	cdktest.Must(t, func() {
+		tmpl.HasResourceProperties(jsii.String("AWS::DynamoDB::Table"), map[string]any{"TableName": "reaper-staging"})
+		tmpl.HasResource(jsii.String("AWS::DynamoDB::Table"), map[string]any{"DeletionPolicy": "Delete"})
+		tmpl.HasResourceProperties(jsii.String("AWS::Logs::LogGroup"), map[string]any{"LogGroupName": "/staging/reaper/exits", "RetentionInDays": 7})
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Logs::LogGroup"), map[string]any{"RetentionInDays": 90}, jsii.Number(3))
+		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"MemorySize":                   512,
+			"ReservedConcurrentExecutions": 10,
+			"VpcConfig":                    map[string]any{"SubnetIds": []any{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"}, "SecurityGroupIds": []any{"sg-0123456789abcdef0"}},
+			"LoggingConfig":                map[string]any{"LogFormat": "JSON", "ApplicationLogLevel": "WARN", "SystemLogLevel": "INFO", "LogGroup": map[string]any{"Ref": assertions.Match_AnyValue()}},
+			"Environment": map[string]any{"Variables": map[string]any{
+				"REAPER_TABLE":             map[string]any{"Ref": assertions.Match_AnyValue()},
+				"REAPER_KUBECONFIG_SECRET": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:reaper/kubeconfig-AbCdEf",
+				"REAPER_EXIT_WAIT":         "5m0s",
+				"REAPER_ORPHAN_GRACE":      "1h0m0s",
+				"REAPER_TERMINATE_STOPPED": "false",
+				"REAPER_DRY_RUN":           "true",
+				"REAPER_LOG_LEVEL":         "warn",
+				"REAPER_TAG_MANAGED":       "example.com/reaped",
+				"REAPER_TAG_POD_NAMESPACE": "example.com/ns",
+				"REAPER_TAG_POD_NAME":      "example.com/pod",
+				"REAPER_TAG_POD_UID":       "example.com/uid",
+			}},
+		})
+		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 1800})
+		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"ScheduleExpression": "rate(2 minutes)"})
+		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
+		tmpl.ResourceCountIs(jsii.String("AWS::SNS::Topic"), jsii.Number(1))
+		for _, out := range []string{"LedgerTable", "ExitLogGroup", "AgentPolicyArn", "FailureQueueUrl", "ExitRecorderRoleArn", "StateChangeRoleArn", "SweeperRoleArn"} {
+			tmpl.HasOutput(jsii.String(out), map[string]any{})
+		}
+	})
+	m := cdktest.JSON(t, tmpl)
+	if f := iamcheck.UnguardedTerminations(m, "example.com/reaped"); len(f) != 0 {
+		t.Errorf("unguarded grants: %v", f)
+	}
+	if f := iamcheck.UnguardedTerminations(m, "reaper.io/managed"); len(f) == 0 {
+		t.Error("the terminate grant ignores the tagManaged knob")
+	}
+}
+
+func TestBadKnobs(t *testing.T) {
+	var err error
+	cdktest.Must(t, func() {
+		_, _, err = newStack(appWith(t, map[string]any{
+			"eksCluster":           "demo",
+			"exitWait":             "soon",
+			"dryRun":               "maybe",
+			"memoryMb":             "lots",
+			"exitLogRetentionDays": "10",
+			"tableRemovalPolicy":   "snapshot",
+		}))
+	})
+	for _, want := range []string{`exitWait="soon"`, `dryRun="maybe"`, `memoryMb="lots"`, `exitLogRetentionDays="10": CloudWatch Logs keeps [1 3 5 7 14 30`, `tableRemovalPolicy="snapshot"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want it to mention %s", err, want)
+		}
+	}
+	cdktest.Must(t, func() { _, _, err = newStack(appWith(t, map[string]any{})) })
+	if err == nil || !strings.Contains(err.Error(), "no Kubernetes access") {
+		t.Errorf("without access: %v", err)
+	}
+}
+
+// TestCDKSynth runs the real CDK CLI on cdk.json, offline and without AWS
+// credentials, and checks what `sam local invoke` and `cdk deploy` need.
+func TestCDKSynth(t *testing.T) {
+	cdk := os.Getenv("REAPER_CDK")
+	if cdk == "" {
+		t.Fatal(`REAPER_CDK is not set: run eval "$(hack/setup.sh)" first (it installs the CDK CLI)`)
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cdk, "synth", "--quiet", "--no-lookups", "--output", out,
+		"-c", "eksCluster=demo", "-c", "buildDir="+buildDir)
+	cmd.Dir = root
+	cmd.Env = offlineEnv()
+	start := time.Now()
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("cdk synth: %v\n%s", err, b)
+	}
+	t.Logf("cdk synth took %s", time.Since(start).Round(time.Second))
+
+	raw, err := os.ReadFile(filepath.Join(out, DefaultStackName+".template.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tmpl map[string]any
+	if err := json.Unmarshal(raw, &tmpl); err != nil {
+		t.Fatal(err)
+	}
+	fns := cdktest.Resources(tmpl, "AWS::Lambda::Function")
+	if len(fns) != 3 {
+		t.Fatalf("%d functions in the synthesized template", len(fns))
+	}
+	for id, fn := range fns {
+		meta, _ := fn["Metadata"].(map[string]any)
+		path, _ := meta["aws:asset:path"].(string)
+		if path == "" || meta["aws:asset:property"] != "Code" {
+			t.Errorf("%s: asset metadata %v, sam local invoke needs aws:asset:path and aws:asset:property=Code", id, meta)
+			continue
+		}
+		info, err := os.Stat(filepath.Join(out, path, "bootstrap"))
+		if err != nil || info.Mode()&0o111 == 0 {
+			t.Errorf("%s: asset %s has no executable bootstrap: %v", id, path, err)
+		}
+	}
+	if n := len(cdktest.Resources(tmpl, "AWS::CDK::Metadata")); n != 0 {
+		t.Errorf("version reporting is on (%d metadata resources): cdk.json was not honored", n)
+	}
+	if f := iamcheck.UnguardedTerminations(tmpl, "reaper.io/managed"); len(f) != 0 {
+		t.Errorf("unguarded grants: %v", f)
+	}
+	if _, err := os.Stat(filepath.Join(out, "manifest.json")); err != nil {
+		t.Error(err)
+	}
+}
+
+// offlineEnv is the environment without AWS credentials or settings, and
+// with everything that would reach the network turned off.
+func offlineEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "AWS_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env,
+		"AWS_CONFIG_FILE="+os.DevNull,
+		"AWS_SHARED_CREDENTIALS_FILE="+os.DevNull,
+		"AWS_EC2_METADATA_DISABLED=true",
+		"CDK_DISABLE_VERSION_CHECK=true",
+		"JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20",
+	)
+}

@@ -1,0 +1,155 @@
+// Package cdktest helps test stacks that contain the Reaper construct:
+// placeholder function bundles, synthesis and CDK assertions that report
+// failures through testing.T instead of panicking.
+package cdktest
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/reaper-k8s/reaper/infra/reapercdk"
+)
+
+// FakeBuildDir creates a directory with a placeholder build/<name>/bootstrap
+// for every function, so stacks synthesize without `make build`. The caller
+// removes it.
+func FakeBuildDir() (string, error) {
+	dir, err := os.MkdirTemp("", "reaper-build-")
+	if err != nil {
+		return "", err
+	}
+	for _, name := range reapercdk.FunctionNames() {
+		if err := os.MkdirAll(filepath.Join(dir, name), 0o755); err != nil {
+			return "", err
+		}
+		// Distinct content per function gives each its own asset hash, as
+		// real binaries would.
+		if err := os.WriteFile(filepath.Join(dir, name, "bootstrap"), []byte("#!/bin/sh\n# placeholder "+name+"\n"), 0o755); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// NewApp returns an app with the context of the nearest cdk.json (in the
+// working directory or a parent; feature flags included) plus ctx, so that
+// tests synthesize what `cdk synth` would. It synthesizes into a temporary
+// directory the test removes.
+func NewApp(t testing.TB, ctx map[string]any) awscdk.App {
+	t.Helper()
+	file, err := findUp("cdk.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Context          map[string]any `json:"context"`
+		VersionReporting *bool          `json:"versionReporting"`
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	merged := cfg.Context
+	if merged == nil {
+		merged = map[string]any{}
+	}
+	for k, v := range ctx {
+		merged[k] = v
+	}
+	var app awscdk.App
+	Must(t, func() {
+		app = awscdk.NewApp(&awscdk.AppProps{Context: &merged, AnalyticsReporting: cfg.VersionReporting, Outdir: jsii.String(t.TempDir())})
+	})
+	return app
+}
+
+// findUp finds name in the working directory or the nearest parent.
+func findUp(name string) (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		p := filepath.Join(dir, name)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New(name + " not found in the working directory or its parents")
+		}
+		dir = parent
+	}
+}
+
+// Must runs f and turns a panic (how jsii reports CDK errors and failed
+// assertions) into a test failure.
+func Must(t testing.TB, f func()) {
+	t.Helper()
+	failed := true
+	defer func() {
+		if failed {
+			t.Fatalf("%v", recover())
+		}
+	}()
+	f()
+	failed = false
+}
+
+// Template synthesizes the stack's template.
+func Template(t testing.TB, stack awscdk.Stack) assertions.Template {
+	t.Helper()
+	var tmpl assertions.Template
+	Must(t, func() { tmpl = assertions.Template_FromStack(stack, nil) })
+	return tmpl
+}
+
+// JSON is the template as decoded JSON.
+func JSON(t testing.TB, tmpl assertions.Template) map[string]any {
+	t.Helper()
+	var m map[string]any
+	Must(t, func() { m = *tmpl.ToJSON() })
+	return m
+}
+
+// Resources returns the template's resources of a type by logical id.
+func Resources(tmpl map[string]any, typ string) map[string]map[string]any {
+	out := map[string]map[string]any{}
+	all, _ := tmpl["Resources"].(map[string]any)
+	for id, r := range all {
+		r, _ := r.(map[string]any)
+		if r["Type"] == typ {
+			out[id] = r
+		}
+	}
+	return out
+}
+
+// Props returns a resource's Properties.
+func Props(resource map[string]any) map[string]any {
+	p, _ := resource["Properties"].(map[string]any)
+	return p
+}
+
+// Only returns the single resource of a type, failing the test otherwise.
+func Only(t testing.TB, tmpl map[string]any, typ string) (string, map[string]any) {
+	t.Helper()
+	rs := Resources(tmpl, typ)
+	if len(rs) != 1 {
+		t.Fatalf("%d resources of type %s, want 1", len(rs), typ)
+	}
+	for id, r := range rs {
+		return id, r
+	}
+	panic("unreachable")
+}

@@ -1,0 +1,229 @@
+// Package iamcheck inspects a synthesized CloudFormation template for IAM
+// grants that would let anything terminate EC2 instances Reaper does not
+// manage. It works on the template JSON alone, so any stack's tests can run
+// it (assertions.Template.ToJSON, or a cdk.out/*.template.json file).
+package iamcheck
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// Finding is one grant the check rejects.
+type Finding struct {
+	// Resource is the logical id of the policy, role, user or group.
+	Resource string
+	// Statement is the statement's index in its document (-1 for a managed
+	// policy attachment); Sid its id, if any.
+	Statement int
+	Sid       string
+	Reason    string
+}
+
+func (f Finding) String() string {
+	where := f.Resource
+	if f.Statement >= 0 {
+		where += fmt.Sprintf(" statement %d", f.Statement)
+	}
+	if f.Sid != "" {
+		where += " (" + f.Sid + ")"
+	}
+	return where + ": " + f.Reason
+}
+
+// TerminateAction is the action that must never be granted unguarded.
+const TerminateAction = "ec2:TerminateInstances"
+
+// AllowedManagedPolicies are AWS managed policies a role may attach: their
+// content is known not to include TerminateAction. Any other AWS managed
+// policy is reported, since the template cannot show what it grants.
+var AllowedManagedPolicies = map[string]bool{
+	"service-role/AWSLambdaBasicExecutionRole":     true,
+	"service-role/AWSLambdaVPCAccessExecutionRole": true,
+}
+
+// UnguardedTerminations returns every Allow statement in the template's IAM
+// policies (AWS::IAM::Policy, AWS::IAM::ManagedPolicy and the inline
+// policies of roles, users and groups) that grants ec2:TerminateInstances,
+// whether by name or by a wildcard such as ec2:* or *, or by NotAction,
+// without the condition StringEquals aws:ResourceTag/<managedTagKey> =
+// "true". Attachments of managed policies it cannot read are reported too.
+func UnguardedTerminations(template map[string]any, managedTagKey string) []Finding {
+	resources, _ := template["Resources"].(map[string]any)
+	inTemplate := func(v any) bool {
+		m, _ := v.(map[string]any)
+		ref, ok := m["Ref"].(string)
+		if !ok {
+			return false
+		}
+		r, _ := resources[ref].(map[string]any)
+		return r["Type"] == "AWS::IAM::ManagedPolicy"
+	}
+	var out []Finding
+	for _, id := range sortedKeys(resources) {
+		res, _ := resources[id].(map[string]any)
+		props, _ := res["Properties"].(map[string]any)
+		switch res["Type"] {
+		case "AWS::IAM::Policy", "AWS::IAM::ManagedPolicy":
+			out = append(out, checkDocument(id, props["PolicyDocument"], managedTagKey)...)
+		case "AWS::IAM::Role", "AWS::IAM::User", "AWS::IAM::Group":
+			policies, _ := props["Policies"].([]any)
+			for _, pol := range policies {
+				pol, _ := pol.(map[string]any)
+				out = append(out, checkDocument(id, pol["PolicyDocument"], managedTagKey)...)
+			}
+			arns, _ := props["ManagedPolicyArns"].([]any)
+			for _, arn := range arns {
+				if inTemplate(arn) {
+					continue // checked as its own resource
+				}
+				if name, ok := awsManagedName(arn); !ok || !AllowedManagedPolicies[name] {
+					out = append(out, Finding{Resource: id, Statement: -1,
+						Reason: fmt.Sprintf("attaches managed policy %s, whose grants the template does not show", compact(arn))})
+				}
+			}
+		}
+	}
+	return out
+}
+
+func checkDocument(id string, doc any, tagKey string) []Finding {
+	d, _ := doc.(map[string]any)
+	var statements []any
+	switch s := d["Statement"].(type) {
+	case []any:
+		statements = s
+	case map[string]any:
+		statements = []any{s}
+	default:
+		return []Finding{{Resource: id, Statement: -1, Reason: "policy document without readable statements"}}
+	}
+	var out []Finding
+	for i, s := range statements {
+		st, _ := s.(map[string]any)
+		if st["Effect"] != "Allow" {
+			continue
+		}
+		sid, _ := st["Sid"].(string)
+		finding := func(format string, a ...any) {
+			out = append(out, Finding{Resource: id, Statement: i, Sid: sid, Reason: fmt.Sprintf(format, a...)})
+		}
+		grants, err := grantsTerminate(st)
+		switch {
+		case err != nil:
+			finding("%v", err)
+		case grants && !guarded(st["Condition"], tagKey):
+			finding("allows %s without the condition StringEquals aws:ResourceTag/%s = \"true\" (Action %s, Condition %s)",
+				TerminateAction, tagKey, compact(firstOf(st, "Action", "NotAction")), compact(st["Condition"]))
+		}
+	}
+	return out
+}
+
+// grantsTerminate reports whether an Allow statement's Action (or
+// NotAction) covers TerminateAction.
+func grantsTerminate(st map[string]any) (bool, error) {
+	if a, ok := st["Action"]; ok {
+		return matchesAny(a)
+	}
+	if na, ok := st["NotAction"]; ok {
+		excluded, err := matchesAny(na)
+		return !excluded, err
+	}
+	return false, fmt.Errorf("statement has neither Action nor NotAction")
+}
+
+func matchesAny(v any) (bool, error) {
+	patterns, ok := strs(v)
+	if !ok {
+		return false, fmt.Errorf("action %s is not a list of strings; cannot evaluate it", compact(v))
+	}
+	for _, p := range patterns {
+		if wildcard(p).MatchString(TerminateAction) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// wildcard compiles an IAM action pattern: * and ?, case-insensitive.
+func wildcard(pattern string) *regexp.Regexp {
+	q := regexp.QuoteMeta(pattern)
+	q = strings.ReplaceAll(q, `\*`, `.*`)
+	q = strings.ReplaceAll(q, `\?`, `.`)
+	return regexp.MustCompile(`(?i)^` + q + `$`)
+}
+
+// guarded reports whether the condition requires the managed tag to be
+// "true" on the instance. Condition keys are case-insensitive; the tag value
+// is not.
+func guarded(condition any, tagKey string) bool {
+	c, _ := condition.(map[string]any)
+	eq, _ := c["StringEquals"].(map[string]any)
+	for key, value := range eq {
+		if !strings.EqualFold(key, "aws:ResourceTag/"+tagKey) && !strings.EqualFold(key, "ec2:ResourceTag/"+tagKey) {
+			continue
+		}
+		values, ok := strs(value)
+		if ok && len(values) == 1 && values[0] == "true" {
+			return true
+		}
+	}
+	return false
+}
+
+func awsManagedName(arn any) (string, bool) {
+	s := compact(arn)
+	_, name, ok := strings.Cut(s, ":iam::aws:policy/")
+	if !ok {
+		return "", false
+	}
+	return strings.TrimRight(name, `"]}`), true
+}
+
+func strs(v any) ([]string, bool) {
+	switch v := v.(type) {
+	case string:
+		return []string{v}, true
+	case []any:
+		out := make([]string, 0, len(v))
+		for _, e := range v {
+			s, ok := e.(string)
+			if !ok {
+				return nil, false
+			}
+			out = append(out, s)
+		}
+		return out, true
+	}
+	return nil, false
+}
+
+func firstOf(m map[string]any, keys ...string) any {
+	for _, k := range keys {
+		if v, ok := m[k]; ok {
+			return v
+		}
+	}
+	return nil
+}
+
+func compact(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

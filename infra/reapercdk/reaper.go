@@ -1,0 +1,415 @@
+// Package reapercdk is the Reaper CDK construct: the ledger table, the three
+// Lambda functions and their triggers, the exit-line log group, a failure
+// queue and alarms, with least-privilege IAM. Any Go CDK app can add it to a
+// stack:
+//
+//	reapercdk.New(stack, "Reaper", &reapercdk.Props{EKSCluster: "prod"})
+package reapercdk
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsdynamodb"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awseks"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awseventstargets"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdadestinations"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogsdestinations"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/reaper-k8s/reaper/pkg/exitline"
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+)
+
+// ExitFilterPattern selects exit lines in the exit-line log group.
+var ExitFilterPattern = fmt.Sprintf(`{ $.reaper = %q }`, exitline.Kind)
+
+// StateChangeDetailType is the EventBridge detail-type statechange receives.
+const StateChangeDetailType = "EC2 Instance State-change Notification"
+
+// EndStates are the EC2 states after which an instance no longer runs its
+// Pod: the states statechange always receives.
+var EndStates = []string{instances.Stopping, instances.Stopped, instances.ShuttingDown, instances.Terminated}
+
+// function describes one of the three Lambdas.
+type function struct {
+	name, id, description string
+	timeout               time.Duration
+	// scan: the sweeper reads the whole ledger.
+	scan bool
+}
+
+var functions = []function{
+	{"exitrecorder", "ExitRecorder", "Reaper: records container exits, updates Pod status, terminates the instance", time.Minute, false},
+	{"statechange", "StateChange", "Reaper: reacts to managed instances stopping or terminating", time.Minute, false},
+	{"sweeper", "Sweeper", "Reaper: reconciles ledger, managed instances and Pods on a schedule", 5 * time.Minute, true},
+}
+
+// FunctionNames are the functions' names: build/<name>/bootstrap.
+func FunctionNames() []string {
+	names := make([]string, len(functions))
+	for i, fn := range functions {
+		names[i] = fn.name
+	}
+	return names
+}
+
+// Ledger item actions the functions use (see pkg/ledger); no table admin.
+var (
+	ledgerActions = []string{"dynamodb:GetItem", "dynamodb:UpdateItem"}
+	sweepActions  = []string{"dynamodb:Scan"}
+)
+
+// Reaper is the deployed Reaper. Add further constructs under it with
+// r.Construct as their scope (jsii cannot take the Go wrapper itself).
+type Reaper struct {
+	constructs.Construct
+
+	// Table is the ledger (partition key instanceId, TTL expiresAt).
+	Table awsdynamodb.Table
+	// ExitLogGroup receives the hosts' exit lines.
+	ExitLogGroup awslogs.LogGroup
+	// AgentPolicy lets a provider's instance role write to ExitLogGroup and
+	// nothing else; attach it to the role of the instances Reaper manages.
+	AgentPolicy awsiam.ManagedPolicy
+	// ExitRecorder, StateChange and Sweeper are the functions.
+	ExitRecorder, StateChange, Sweeper awslambda.Function
+	// FailureQueue holds asynchronous events that failed every retry.
+	FailureQueue awssqs.Queue
+	// AlarmTopic receives the alarms; nil when no notification was asked for.
+	AlarmTopic awssns.ITopic
+	// Alarms are the functions' error and throttle alarms and the failure
+	// queue's alarm.
+	Alarms []awscloudwatch.Alarm
+	// Props are the settings in effect, defaults filled in.
+	Props Props
+}
+
+// Functions returns the three functions in a fixed order.
+func (r *Reaper) Functions() []awslambda.Function {
+	return []awslambda.Function{r.ExitRecorder, r.StateChange, r.Sweeper}
+}
+
+// New adds a Reaper to scope. It panics on invalid props (see Validate).
+func New(scope constructs.Construct, id string, props *Props) *Reaper {
+	if props == nil {
+		props = &Props{}
+	}
+	if err := props.Validate(); err != nil {
+		panic(fmt.Sprintf("reapercdk: %v", err))
+	}
+	p := props.withDefaults()
+	r := &Reaper{Construct: constructs.NewConstruct(scope, jsii.String(id)), Props: p}
+	stack := awscdk.Stack_Of(r.Construct)
+
+	r.Table = awsdynamodb.NewTable(r.Construct, jsii.String("Ledger"), &awsdynamodb.TableProps{
+		TableName:           optional(p.TableName),
+		PartitionKey:        &awsdynamodb.Attribute{Name: jsii.String(ledger.KeyAttribute), Type: awsdynamodb.AttributeType_STRING},
+		BillingMode:         awsdynamodb.BillingMode_PAY_PER_REQUEST,
+		TimeToLiveAttribute: jsii.String(ledger.TTLAttribute),
+		PointInTimeRecoverySpecification: &awsdynamodb.PointInTimeRecoverySpecification{
+			PointInTimeRecoveryEnabled: jsii.Bool(true),
+		},
+		RemovalPolicy: p.TableRemovalPolicy,
+	})
+
+	// DESTROY: the name is fixed, so a retained group would make the next
+	// deploy after a `cdk destroy` fail; the ledger keeps what matters.
+	r.ExitLogGroup = awslogs.NewLogGroup(r.Construct, jsii.String("ExitLines"), &awslogs.LogGroupProps{
+		LogGroupName:  jsii.String(p.ExitLogGroupName),
+		Retention:     p.ExitLogRetention,
+		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+	})
+	r.AgentPolicy = r.agentPolicy(stack)
+
+	r.FailureQueue = awssqs.NewQueue(r.Construct, jsii.String("Failures"), &awssqs.QueueProps{
+		Encryption:      awssqs.QueueEncryption_SQS_MANAGED,
+		EnforceSSL:      jsii.Bool(true),
+		RetentionPeriod: seconds(FailureRetention),
+	})
+
+	env := r.environment()
+	fns := make([]awslambda.Function, len(functions))
+	for i, spec := range functions {
+		fns[i] = r.function(stack, spec, env)
+	}
+	r.ExitRecorder, r.StateChange, r.Sweeper = fns[0], fns[1], fns[2]
+
+	awslogs.NewSubscriptionFilter(r.Construct, jsii.String("ExitSubscription"), &awslogs.SubscriptionFilterProps{
+		LogGroup:      r.ExitLogGroup,
+		FilterName:    jsii.String("reaper-exits"),
+		FilterPattern: awslogs.FilterPattern_Literal(jsii.String(ExitFilterPattern)),
+		Destination:   awslogsdestinations.NewLambdaDestination(r.ExitRecorder, nil),
+	})
+
+	states := append([]string(nil), EndStates...)
+	if p.IncludeRunning {
+		states = append(states, instances.Running)
+	}
+	awsevents.NewRule(r.Construct, jsii.String("StateChanges"), &awsevents.RuleProps{
+		Description: jsii.String("Reaper: EC2 instance state changes to statechange"),
+		EventPattern: &awsevents.EventPattern{
+			Source:     jsii.Strings("aws.ec2"),
+			DetailType: jsii.Strings(StateChangeDetailType),
+			Detail:     &map[string]any{"state": jsii.Strings(states...)},
+		},
+		Targets: &[]awsevents.IRuleTarget{r.target(r.StateChange)},
+	})
+	awsevents.NewRule(r.Construct, jsii.String("Sweep"), &awsevents.RuleProps{
+		Description: jsii.String("Reaper: sweeper schedule"),
+		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(p.SweepRate.Minutes()))),
+		Targets:     &[]awsevents.IRuleTarget{r.target(r.Sweeper)},
+	})
+
+	r.alarms()
+	return r
+}
+
+// agentPolicy is the managed policy for the provider's instance role: the
+// CloudWatch agent may write to the exit-line group and nothing else, and
+// read nothing. It does not tie a stream's name to the writing instance:
+// hosts are trusted to name their stream after themselves.
+func (r *Reaper) agentPolicy(stack awscdk.Stack) awsiam.ManagedPolicy {
+	group := stack.FormatArn(&awscdk.ArnComponents{
+		Service:      jsii.String("logs"),
+		Resource:     jsii.String("log-group"),
+		ResourceName: jsii.String(r.Props.ExitLogGroupName),
+		ArnFormat:    awscdk.ArnFormat_COLON_RESOURCE_NAME,
+	})
+	return awsiam.NewManagedPolicy(r.Construct, jsii.String("AgentPolicy"), &awsiam.ManagedPolicyProps{
+		Description: jsii.String("Reaper: lets the CloudWatch agent on managed instances write exit lines to " + r.Props.ExitLogGroupName),
+		Statements: &[]awsiam.PolicyStatement{awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:       jsii.String("WriteExitLines"),
+			Actions:   jsii.Strings("logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"),
+			Resources: jsii.Strings(*group, *group+":log-stream:*"),
+		})},
+	})
+}
+
+// environment is the functions' configuration (see pkg/config).
+func (r *Reaper) environment() map[string]*string {
+	p := r.Props
+	env := map[string]*string{
+		"REAPER_TABLE":             r.Table.TableName(),
+		"REAPER_EXIT_WAIT":         jsii.String(p.ExitWait.String()),
+		"REAPER_ORPHAN_GRACE":      jsii.String(p.OrphanGrace.String()),
+		"REAPER_TERMINATE_STOPPED": jsii.String(strconv.FormatBool(*p.TerminateStopped)),
+		"REAPER_DRY_RUN":           jsii.String(strconv.FormatBool(p.DryRun)),
+		"REAPER_LOG_LEVEL":         jsii.String(p.LogLevel),
+	}
+	if p.EKSCluster != "" {
+		env["REAPER_EKS_CLUSTER"] = jsii.String(p.EKSCluster)
+	} else {
+		env["REAPER_KUBECONFIG_SECRET"] = jsii.String(p.KubeconfigSecretArn)
+	}
+	def := instances.DefaultTagKeys()
+	for _, t := range []struct{ name, key, def string }{
+		{"REAPER_TAG_MANAGED", p.Tags.Managed, def.Managed},
+		{"REAPER_TAG_POD_NAMESPACE", p.Tags.PodNamespace, def.PodNamespace},
+		{"REAPER_TAG_POD_NAME", p.Tags.PodName, def.PodName},
+		{"REAPER_TAG_POD_UID", p.Tags.PodUID, def.PodUID},
+	} {
+		if t.key != t.def {
+			env[t.name] = jsii.String(t.key)
+		}
+	}
+	return env
+}
+
+// function creates one Lambda with its own role, log group and
+// asynchronous invoke configuration.
+func (r *Reaper) function(stack awscdk.Stack, spec function, env map[string]*string) awslambda.Function {
+	p := r.Props
+	logs := awslogs.NewLogGroup(r.Construct, jsii.String(spec.id+"Logs"), &awslogs.LogGroupProps{
+		Retention:     p.FunctionLogRetention,
+		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+	})
+	// An explicit role instead of the default one: the default attaches
+	// AWSLambdaBasicExecutionRole, which may write to every log group.
+	role := awsiam.NewRole(r.Construct, jsii.String(spec.id+"Role"), &awsiam.RoleProps{
+		AssumedBy:   awsiam.NewServicePrincipal(jsii.String("lambda.amazonaws.com"), nil),
+		Description: jsii.String("Reaper " + spec.name),
+	})
+	for _, s := range r.statements(stack, spec, logs) {
+		role.AddToPrincipalPolicy(s)
+	}
+	if len(p.SubnetIDs) > 0 {
+		// The network interface permissions must exist before the function
+		// is created; attached to the role they do.
+		role.AddManagedPolicy(awsiam.ManagedPolicy_FromAwsManagedPolicyName(jsii.String("service-role/AWSLambdaVPCAccessExecutionRole")))
+	}
+	if p.EKSAccessEntryGroup != "" {
+		awseks.NewCfnAccessEntry(r.Construct, jsii.String(spec.id+"AccessEntry"), &awseks.CfnAccessEntryProps{
+			ClusterName:      jsii.String(p.EKSCluster),
+			PrincipalArn:     role.RoleArn(),
+			KubernetesGroups: jsii.Strings(p.EKSAccessEntryGroup),
+			Type:             jsii.String("STANDARD"),
+		})
+	}
+
+	var reserved *float64
+	if p.ReservedConcurrency > 0 {
+		reserved = jsii.Number(p.ReservedConcurrency)
+	}
+	fn := awslambda.NewFunction(r.Construct, jsii.String(spec.id), &awslambda.FunctionProps{
+		Description:                  jsii.String(spec.description),
+		Runtime:                      awslambda.Runtime_PROVIDED_AL2023(),
+		Architecture:                 awslambda.Architecture_ARM_64(),
+		Handler:                      jsii.String("bootstrap"),
+		Code:                         awslambda.Code_FromAsset(jsii.String(filepath.Join(p.BuildDir, spec.name)), nil),
+		MemorySize:                   jsii.Number(p.MemoryMB),
+		Timeout:                      seconds(spec.timeout),
+		ReservedConcurrentExecutions: reserved,
+		Role:                         role,
+		Environment:                  &env,
+		LogGroup:                     logs,
+		LoggingFormat:                awslambda.LoggingFormat_JSON,
+		ApplicationLogLevelV2:        applicationLogLevel(p.LogLevel),
+		// INFO keeps the REPORT lines: duration and memory per invocation.
+		SystemLogLevelV2: awslambda.SystemLogLevel_INFO,
+		RetryAttempts:    jsii.Number(RetryAttempts),
+		MaxEventAge:      seconds(p.MaxEventAge),
+		OnFailure:        awslambdadestinations.NewSqsDestination(r.FailureQueue),
+	})
+	if len(p.SubnetIDs) > 0 {
+		// Plain ids rather than an IVpc: the app takes them from context
+		// without a VPC lookup (which would need credentials at synth).
+		fn.Node().DefaultChild().(awslambda.CfnFunction).SetVpcConfig(&awslambda.CfnFunction_VpcConfigProperty{
+			SubnetIds:        jsii.Strings(p.SubnetIDs...),
+			SecurityGroupIds: jsii.Strings(p.SecurityGroupIDs...),
+		})
+	}
+	return fn
+}
+
+// statements are the function's permissions beyond the failure queue,
+// which its OnFailure destination grants.
+func (r *Reaper) statements(stack awscdk.Stack, spec function, logs awslogs.LogGroup) []awsiam.PolicyStatement {
+	p := r.Props
+	st := func(sid string, actions []string, resources ...*string) awsiam.PolicyStatement {
+		return awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid: jsii.String(sid), Actions: jsii.Strings(actions...), Resources: &resources,
+		})
+	}
+	instanceArn := stack.FormatArn(&awscdk.ArnComponents{
+		Service: jsii.String("ec2"), Resource: jsii.String("instance"), ResourceName: jsii.String("*"),
+	})
+	terminate := awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:       jsii.String("TerminateManagedInstances"),
+		Actions:   jsii.Strings("ec2:TerminateInstances"),
+		Resources: &[]*string{instanceArn},
+		// The same guard the code applies, enforced by IAM: nothing Reaper
+		// decides can end an instance the provider did not tag.
+		Conditions: &map[string]any{"StringEquals": map[string]any{"aws:ResourceTag/" + p.Tags.Managed: "true"}},
+	})
+	out := []awsiam.PolicyStatement{
+		st("Logs", []string{"logs:CreateLogStream", "logs:PutLogEvents"}, logs.LogGroupArn()),
+		st("Ledger", ledgerActions, r.Table.TableArn()),
+		// DescribeInstances has no resource-level permissions.
+		st("DescribeInstances", []string{"ec2:DescribeInstances"}, jsii.String("*")),
+		terminate,
+	}
+	if spec.scan {
+		out = append(out, st("SweepLedger", sweepActions, r.Table.TableArn()))
+	}
+	if p.EKSCluster != "" {
+		out = append(out, st("DescribeCluster", []string{"eks:DescribeCluster"}, stack.FormatArn(&awscdk.ArnComponents{
+			Service: jsii.String("eks"), Resource: jsii.String("cluster"), ResourceName: jsii.String(p.EKSCluster),
+		})))
+	} else {
+		out = append(out, st("ReadKubeconfig", []string{"secretsmanager:GetSecretValue"}, jsii.String(p.KubeconfigSecretArn)))
+	}
+	return out
+}
+
+// target is an EventBridge target with the same retry budget as the
+// function's own asynchronous invoke configuration, so an event that cannot
+// even be delivered also ends up in the failure queue.
+func (r *Reaper) target(fn awslambda.Function) awsevents.IRuleTarget {
+	return awseventstargets.NewLambdaFunction(fn, &awseventstargets.LambdaFunctionProps{
+		DeadLetterQueue: r.FailureQueue,
+		RetryAttempts:   jsii.Number(RetryAttempts),
+		MaxEventAge:     seconds(r.Props.MaxEventAge),
+	})
+}
+
+// alarms: any function error or throttle, and any event in the failure
+// queue, is worth a look; missing data (no invocations) is fine.
+func (r *Reaper) alarms() {
+	p := r.Props
+	switch {
+	case p.AlarmTopicArn != "":
+		r.AlarmTopic = awssns.Topic_FromTopicArn(r.Construct, jsii.String("AlarmTopic"), jsii.String(p.AlarmTopicArn))
+	case p.AlarmEmail != "":
+		r.AlarmTopic = awssns.NewTopic(r.Construct, jsii.String("AlarmTopic"), &awssns.TopicProps{
+			DisplayName: jsii.String("Reaper alarms"),
+			EnforceSSL:  jsii.Bool(true),
+		})
+	}
+	if r.AlarmTopic != nil && p.AlarmEmail != "" {
+		r.AlarmTopic.AddSubscription(awssnssubscriptions.NewEmailSubscription(jsii.String(p.AlarmEmail), nil))
+	}
+
+	period := &awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(5)), Statistic: jsii.String("Sum")}
+	alarm := func(id, description string, metric awscloudwatch.Metric) {
+		a := metric.CreateAlarm(r.Construct, jsii.String(id), &awscloudwatch.CreateAlarmOptions{
+			AlarmDescription:   jsii.String(description),
+			Threshold:          jsii.Number(0),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+			EvaluationPeriods:  jsii.Number(1),
+			TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+		})
+		if r.AlarmTopic != nil {
+			action := awscloudwatchactions.NewSnsAction(r.AlarmTopic)
+			a.AddAlarmAction(action)
+			a.AddOkAction(action)
+		}
+		r.Alarms = append(r.Alarms, a)
+	}
+	for i, fn := range r.Functions() {
+		spec := functions[i]
+		alarm(spec.id+"Errors", "Reaper "+spec.name+" failed an invocation (it will be retried; see its logs)", fn.MetricErrors(period))
+		alarm(spec.id+"Throttles", "Reaper "+spec.name+" was throttled (raise ReservedConcurrency or the account limit)", fn.MetricThrottles(period))
+	}
+	alarm("FailuresVisible", "Reaper events failed every retry and wait in the failure queue: inspect and replay them",
+		r.FailureQueue.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
+			Period: awscdk.Duration_Minutes(jsii.Number(5)), Statistic: jsii.String("Maximum"),
+		}))
+}
+
+func applicationLogLevel(level string) awslambda.ApplicationLogLevel {
+	switch level {
+	case "debug":
+		return awslambda.ApplicationLogLevel_DEBUG
+	case "warn":
+		return awslambda.ApplicationLogLevel_WARN
+	case "error":
+		return awslambda.ApplicationLogLevel_ERROR
+	}
+	return awslambda.ApplicationLogLevel_INFO
+}
+
+func seconds(d time.Duration) awscdk.Duration {
+	return awscdk.Duration_Seconds(jsii.Number(d.Seconds()))
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}

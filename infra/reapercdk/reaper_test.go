@@ -1,0 +1,568 @@
+package reapercdk_test
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/reaper-k8s/reaper/infra/cdktest"
+	"github.com/reaper-k8s/reaper/infra/iamcheck"
+	"github.com/reaper-k8s/reaper/infra/reapercdk"
+	"github.com/reaper-k8s/reaper/pkg/config"
+	"github.com/reaper-k8s/reaper/pkg/instances"
+)
+
+var buildDir string
+
+func TestMain(m *testing.M) {
+	dir, err := cdktest.FakeBuildDir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	buildDir = dir
+	code := m.Run()
+	jsii.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// newStack returns a Reaper in a fresh app and stack; customize may add to
+// the stack before synthesis.
+func newStack(t *testing.T, props reapercdk.Props, customize func(awscdk.Stack, *reapercdk.Reaper)) assertions.Template {
+	t.Helper()
+	app := cdktest.NewApp(t, nil)
+	var stack awscdk.Stack
+	cdktest.Must(t, func() {
+		stack = awscdk.NewStack(app, jsii.String("Test"), nil)
+		props.BuildDir = buildDir
+		r := reapercdk.New(stack, "Reaper", &props)
+		if customize != nil {
+			customize(stack, r)
+		}
+	})
+	return cdktest.Template(t, stack)
+}
+
+// The default stack is synthesized once per test binary: a synth takes
+// seconds.
+var (
+	defaultOnce sync.Once
+	defaultTmpl assertions.Template
+	defaultJSON map[string]any
+)
+
+func defaults(t *testing.T) (assertions.Template, map[string]any) {
+	t.Helper()
+	defaultOnce.Do(func() {
+		defaultTmpl = newStack(t, reapercdk.Props{EKSCluster: "demo"}, nil)
+		defaultJSON = cdktest.JSON(t, defaultTmpl)
+	})
+	if defaultJSON == nil {
+		t.Fatal("the default stack did not synthesize (see the first failing test)")
+	}
+	return defaultTmpl, defaultJSON
+}
+
+func has(t *testing.T, tmpl assertions.Template, typ string, props map[string]any) {
+	t.Helper()
+	cdktest.Must(t, func() { tmpl.HasResourceProperties(jsii.String(typ), props) })
+}
+
+func TestLedgerTable(t *testing.T) {
+	tmpl, m := defaults(t)
+	has(t, tmpl, "AWS::DynamoDB::Table", map[string]any{
+		"KeySchema":                        []any{map[string]any{"AttributeName": "instanceId", "KeyType": "HASH"}},
+		"AttributeDefinitions":             []any{map[string]any{"AttributeName": "instanceId", "AttributeType": "S"}},
+		"BillingMode":                      "PAY_PER_REQUEST",
+		"TimeToLiveSpecification":          map[string]any{"AttributeName": "expiresAt", "Enabled": true},
+		"PointInTimeRecoverySpecification": map[string]any{"PointInTimeRecoveryEnabled": true},
+		"TableName":                        assertions.Match_Absent(),
+	})
+	_, table := cdktest.Only(t, m, "AWS::DynamoDB::Table")
+	if table["DeletionPolicy"] != "Retain" || table["UpdateReplacePolicy"] != "Retain" {
+		t.Errorf("table policies %v/%v, want Retain", table["DeletionPolicy"], table["UpdateReplacePolicy"])
+	}
+}
+
+// fn finds a function by its construct id (ExitRecorder, StateChange,
+// Sweeper).
+func fn(t *testing.T, m map[string]any, id string) (string, map[string]any) {
+	t.Helper()
+	for logical, r := range cdktest.Resources(m, "AWS::Lambda::Function") {
+		if strings.HasPrefix(logical, "Reaper"+id) {
+			return logical, r
+		}
+	}
+	t.Fatalf("no function %s", id)
+	return "", nil
+}
+
+func getAtt(id, attr string) map[string]any { return map[string]any{"Fn::GetAtt": []any{id, attr}} }
+
+func TestFunctions(t *testing.T) {
+	tmpl, m := defaults(t)
+	if n := len(cdktest.Resources(m, "AWS::Lambda::Function")); n != 3 {
+		t.Fatalf("%d functions, want 3", n)
+	}
+	tableID, _ := cdktest.Only(t, m, "AWS::DynamoDB::Table")
+	for id, timeout := range map[string]float64{"ExitRecorder": 60, "StateChange": 60, "Sweeper": 300} {
+		cdktest.Must(t, func() {
+			tmpl.HasResource(jsii.String("AWS::Lambda::Function"), map[string]any{
+				"Properties": map[string]any{
+					"Runtime":       "provided.al2023",
+					"Architectures": []any{"arm64"},
+					"Handler":       "bootstrap",
+					"MemorySize":    256,
+					"Timeout":       timeout,
+					"LoggingConfig": map[string]any{
+						"LogFormat": "JSON", "ApplicationLogLevel": "INFO", "SystemLogLevel": "INFO",
+						"LogGroup": assertions.Match_ObjectLike(&map[string]any{"Ref": assertions.Match_StringLikeRegexp(jsii.String("^Reaper" + id + "Logs"))}),
+					},
+					"Environment": map[string]any{"Variables": map[string]any{
+						"REAPER_TABLE":             map[string]any{"Ref": tableID},
+						"REAPER_EKS_CLUSTER":       "demo",
+						"REAPER_EXIT_WAIT":         "3m0s",
+						"REAPER_ORPHAN_GRACE":      "15m0s",
+						"REAPER_TERMINATE_STOPPED": "true",
+						"REAPER_DRY_RUN":           "false",
+						"REAPER_LOG_LEVEL":         "info",
+					}},
+					"ReservedConcurrentExecutions": assertions.Match_Absent(),
+					"VpcConfig":                    assertions.Match_Absent(),
+				},
+			})
+		})
+	}
+	// Every function has its own log group with a retention.
+	if n := len(cdktest.Resources(m, "AWS::Logs::LogGroup")); n != 4 {
+		t.Errorf("%d log groups, want 4 (exit lines + one per function)", n)
+	}
+	has(t, tmpl, "AWS::Logs::LogGroup", map[string]any{"RetentionInDays": 30, "LogGroupName": assertions.Match_Absent()})
+}
+
+// TestEnvironmentIsValidConfig feeds each function's environment to the
+// handlers' own configuration parser.
+func TestEnvironmentIsValidConfig(t *testing.T) {
+	_, m := defaults(t)
+	for _, r := range cdktest.Resources(m, "AWS::Lambda::Function") {
+		vars := cdktest.Props(r)["Environment"].(map[string]any)["Variables"].(map[string]any)
+		cfg, err := config.FromEnv(func(name string) string {
+			switch v := vars[name].(type) {
+			case string:
+				return v
+			case nil:
+				return ""
+			default: // a reference CloudFormation resolves
+				return "resolved-" + name
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.ExitWait != config.DefaultExitWait || cfg.OrphanGrace != config.DefaultOrphanGrace || !cfg.TerminateStopped ||
+			cfg.DryRun || cfg.Kube.EKSCluster != "demo" || cfg.Tags != instances.DefaultTagKeys() {
+			t.Fatalf("config %+v", cfg)
+		}
+	}
+}
+
+func TestAsyncInvokeAndFailureQueue(t *testing.T) {
+	tmpl, m := defaults(t)
+	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
+	has(t, tmpl, "AWS::SQS::Queue", map[string]any{"SqsManagedSseEnabled": true, "MessageRetentionPeriod": 14 * 24 * 3600})
+	if n := len(cdktest.Resources(m, "AWS::Lambda::EventInvokeConfig")); n != 3 {
+		t.Fatalf("%d invoke configs, want 3", n)
+	}
+	cdktest.Must(t, func() {
+		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{
+			"MaximumRetryAttempts":     2,
+			"MaximumEventAgeInSeconds": 3600,
+			"DestinationConfig":        map[string]any{"OnFailure": map[string]any{"Destination": getAtt(queueID, "Arn")}},
+		})
+	})
+	// The queue refuses plain HTTP and accepts EventBridge's dead letters.
+	has(t, tmpl, "AWS::SQS::QueuePolicy", map[string]any{"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{
+		assertions.Match_ObjectLike(&map[string]any{"Effect": "Deny", "Condition": map[string]any{"Bool": map[string]any{"aws:SecureTransport": "false"}}}),
+		assertions.Match_ObjectLike(&map[string]any{"Effect": "Allow", "Action": "sqs:SendMessage", "Principal": map[string]any{"Service": "events.amazonaws.com"}}),
+	})}})
+}
+
+func TestTriggers(t *testing.T) {
+	tmpl, m := defaults(t)
+	exitRecorder, _ := fn(t, m, "ExitRecorder")
+	stateChange, _ := fn(t, m, "StateChange")
+	sweeper, _ := fn(t, m, "Sweeper")
+	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
+	exitGroup := ""
+	for id, r := range cdktest.Resources(m, "AWS::Logs::LogGroup") {
+		if cdktest.Props(r)["LogGroupName"] == "/reaper/exits" {
+			exitGroup = id
+			if cdktest.Props(r)["RetentionInDays"] != 30.0 {
+				t.Errorf("exit log group retention %v", cdktest.Props(r)["RetentionInDays"])
+			}
+		}
+	}
+	if exitGroup == "" {
+		t.Fatal("no /reaper/exits log group")
+	}
+	has(t, tmpl, "AWS::Logs::SubscriptionFilter", map[string]any{
+		"LogGroupName":   map[string]any{"Ref": exitGroup},
+		"FilterPattern":  `{ $.reaper = "container-exit" }`,
+		"DestinationArn": getAtt(exitRecorder, "Arn"),
+	})
+	has(t, tmpl, "AWS::Lambda::Permission", map[string]any{
+		"FunctionName": getAtt(exitRecorder, "Arn"), "Principal": "logs.amazonaws.com", "SourceArn": getAtt(exitGroup, "Arn"),
+	})
+	target := func(fnID string) map[string]any {
+		return map[string]any{"Targets": []any{assertions.Match_ObjectLike(&map[string]any{
+			"Arn":              getAtt(fnID, "Arn"),
+			"DeadLetterConfig": map[string]any{"Arn": getAtt(queueID, "Arn")},
+			"RetryPolicy":      map[string]any{"MaximumRetryAttempts": 2, "MaximumEventAgeInSeconds": 3600},
+		})}}
+	}
+	rule := target(stateChange)
+	rule["EventPattern"] = map[string]any{
+		"source":      []any{"aws.ec2"},
+		"detail-type": []any{"EC2 Instance State-change Notification"},
+		"detail":      map[string]any{"state": []any{"stopping", "stopped", "shutting-down", "terminated"}},
+	}
+	has(t, tmpl, "AWS::Events::Rule", rule)
+	schedule := target(sweeper)
+	schedule["ScheduleExpression"] = "rate(1 minute)"
+	has(t, tmpl, "AWS::Events::Rule", schedule)
+	for _, id := range []string{stateChange, sweeper} {
+		has(t, tmpl, "AWS::Lambda::Permission", map[string]any{"FunctionName": getAtt(id, "Arn"), "Principal": "events.amazonaws.com"})
+	}
+}
+
+func TestAlarms(t *testing.T) {
+	tmpl, m := defaults(t)
+	if n := len(cdktest.Resources(m, "AWS::CloudWatch::Alarm")); n != 7 {
+		t.Fatalf("%d alarms, want 7 (errors and throttles per function, failure queue)", n)
+	}
+	for _, id := range []string{"ExitRecorder", "StateChange", "Sweeper"} {
+		logical, _ := fn(t, m, id)
+		for _, metric := range []string{"Errors", "Throttles"} {
+			has(t, tmpl, "AWS::CloudWatch::Alarm", map[string]any{
+				"Namespace": "AWS/Lambda", "MetricName": metric, "Statistic": "Sum", "Period": 300,
+				"Dimensions":         []any{map[string]any{"Name": "FunctionName", "Value": map[string]any{"Ref": logical}}},
+				"ComparisonOperator": "GreaterThanThreshold", "Threshold": 0, "EvaluationPeriods": 1,
+				"TreatMissingData": "notBreaching", "AlarmActions": assertions.Match_Absent(),
+			})
+		}
+	}
+	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
+	has(t, tmpl, "AWS::CloudWatch::Alarm", map[string]any{
+		"Namespace": "AWS/SQS", "MetricName": "ApproximateNumberOfMessagesVisible", "Statistic": "Maximum",
+		"Dimensions":         []any{map[string]any{"Name": "QueueName", "Value": getAtt(queueID, "QueueName")}},
+		"ComparisonOperator": "GreaterThanThreshold", "Threshold": 0,
+	})
+	if n := len(cdktest.Resources(m, "AWS::SNS::Topic")); n != 0 {
+		t.Errorf("%d topics without an alarm email or topic", n)
+	}
+}
+
+// statements returns the statements of every AWS::IAM::Policy attached to
+// the role.
+func statements(m map[string]any, roleID string) []map[string]any {
+	var out []map[string]any
+	for _, p := range cdktest.Resources(m, "AWS::IAM::Policy") {
+		props := cdktest.Props(p)
+		if !slices.ContainsFunc(props["Roles"].([]any), func(r any) bool { return reflect.DeepEqual(r, map[string]any{"Ref": roleID}) }) {
+			continue
+		}
+		for _, s := range props["PolicyDocument"].(map[string]any)["Statement"].([]any) {
+			out = append(out, s.(map[string]any))
+		}
+	}
+	return out
+}
+
+func strs(v any) []string {
+	switch v := v.(type) {
+	case string:
+		return []string{v}
+	case []any:
+		var out []string
+		for _, e := range v {
+			out = append(out, e.(string))
+		}
+		return out
+	}
+	return nil
+}
+
+func compact(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func TestFunctionPermissions(t *testing.T) {
+	_, m := defaults(t)
+	tableID, _ := cdktest.Only(t, m, "AWS::DynamoDB::Table")
+	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
+	for id, extra := range map[string][]string{"ExitRecorder": nil, "StateChange": nil, "Sweeper": {"dynamodb:Scan"}} {
+		_, f := fn(t, m, id)
+		roleID := cdktest.Props(f)["Role"].(map[string]any)["Fn::GetAtt"].([]any)[0].(string)
+		role := cdktest.Resources(m, "AWS::IAM::Role")[roleID]
+		if mp := cdktest.Props(role)["ManagedPolicyArns"]; mp != nil {
+			t.Errorf("%s role attaches managed policies %v", id, mp)
+		}
+		var actions []string
+		for _, s := range statements(m, roleID) {
+			if s["Effect"] != "Allow" {
+				t.Errorf("%s: unexpected statement %v", id, s)
+			}
+			acts := strs(s["Action"])
+			actions = append(actions, acts...)
+			resource := compact(s["Resource"])
+			switch {
+			case slices.Contains(acts, "ec2:TerminateInstances"):
+				if len(acts) != 1 || !strings.Contains(resource, `:instance/*`) ||
+					compact(s["Condition"]) != `{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true"}}` {
+					t.Errorf("%s terminate statement %s", id, compact(s))
+				}
+			case slices.Contains(acts, "ec2:DescribeInstances"):
+				if len(acts) != 1 || resource != `"*"` {
+					t.Errorf("%s describe statement %s", id, compact(s))
+				}
+			case strings.HasPrefix(acts[0], "dynamodb:"):
+				if resource != compact(getAtt(tableID, "Arn")) {
+					t.Errorf("%s ledger statement on %s", id, resource)
+				}
+			case acts[0] == "eks:DescribeCluster":
+				if !strings.Contains(resource, `:cluster/demo"`) {
+					t.Errorf("%s cluster statement on %s", id, resource)
+				}
+			case strings.HasPrefix(acts[0], "sqs:"):
+				if resource != compact(getAtt(queueID, "Arn")) {
+					t.Errorf("%s queue statement on %s", id, resource)
+				}
+			case strings.HasPrefix(acts[0], "logs:"):
+				if !strings.Contains(resource, "Reaper"+id+"Logs") {
+					t.Errorf("%s may log to %s", id, resource)
+				}
+			default:
+				t.Errorf("%s: unexpected statement %s", id, compact(s))
+			}
+		}
+		want := append([]string{
+			"dynamodb:GetItem", "dynamodb:UpdateItem", "ec2:DescribeInstances", "ec2:TerminateInstances", "eks:DescribeCluster",
+			"logs:CreateLogStream", "logs:PutLogEvents", "sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage",
+		}, extra...)
+		sort.Strings(want)
+		sort.Strings(actions)
+		if !slices.Equal(actions, want) {
+			t.Errorf("%s actions\n got %v\nwant %v", id, actions, want)
+		}
+	}
+}
+
+func TestAgentPolicy(t *testing.T) {
+	tmpl, m := defaults(t)
+	_, p := cdktest.Only(t, m, "AWS::IAM::ManagedPolicy")
+	doc := compact(cdktest.Props(p)["PolicyDocument"])
+	want := `{"Statement":[{"Action":["logs:CreateLogStream","logs:DescribeLogStreams","logs:PutLogEvents"],"Effect":"Allow","Resource":[` +
+		`{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":logs:",{"Ref":"AWS::Region"},":",{"Ref":"AWS::AccountId"},":log-group:/reaper/exits"]]},` +
+		`{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":logs:",{"Ref":"AWS::Region"},":",{"Ref":"AWS::AccountId"},":log-group:/reaper/exits:log-stream:*"]]}],` +
+		`"Sid":"WriteExitLines"}],"Version":"2012-10-17"}`
+	if doc != want {
+		t.Errorf("agent policy\n got %s\nwant %s", doc, want)
+	}
+	// It is attached to nothing: the provider's instance role takes it.
+	has(t, tmpl, "AWS::IAM::ManagedPolicy", map[string]any{"Roles": assertions.Match_Absent()})
+}
+
+func TestNoUnguardedTerminate(t *testing.T) {
+	_, m := defaults(t)
+	if f := iamcheck.UnguardedTerminations(m, "reaper.io/managed"); len(f) != 0 {
+		t.Fatalf("unguarded grants: %v", f)
+	}
+	// Nor any other wildcard action.
+	for id, p := range cdktest.Resources(m, "AWS::IAM::Policy") {
+		for _, s := range cdktest.Props(p)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
+			for _, a := range strs(s.(map[string]any)["Action"]) {
+				if strings.Contains(a, "*") {
+					t.Errorf("%s grants wildcard action %s", id, a)
+				}
+			}
+		}
+	}
+}
+
+// TestCheckerCatchesWidenedPolicy widens a Reaper stack's IAM the ways a
+// later change might, and expects the checker to report each.
+func TestCheckerCatchesWidenedPolicy(t *testing.T) {
+	tmpl := newStack(t, reapercdk.Props{EKSCluster: "demo"}, func(stack awscdk.Stack, r *reapercdk.Reaper) {
+		r.Sweeper.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid: jsii.String("Widened"), Actions: jsii.Strings("ec2:*"), Resources: jsii.Strings("*"),
+		}))
+		awsiam.NewManagedPolicy(stack, jsii.String("WrongTag"), &awsiam.ManagedPolicyProps{
+			Statements: &[]awsiam.PolicyStatement{awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+				Actions: jsii.Strings("ec2:TerminateInstances"), Resources: jsii.Strings("*"),
+				Conditions: &map[string]any{"StringEquals": map[string]any{"aws:ResourceTag/team": "true"}},
+			})},
+		})
+		r.ExitRecorder.Role().AddManagedPolicy(awsiam.ManagedPolicy_FromAwsManagedPolicyName(jsii.String("AmazonEC2FullAccess")))
+	})
+	findings := iamcheck.UnguardedTerminations(cdktest.JSON(t, tmpl), "reaper.io/managed")
+	var got []string
+	for _, f := range findings {
+		got = append(got, f.String())
+	}
+	all := strings.Join(got, "\n")
+	for _, want := range []string{"(Widened): allows ec2:TerminateInstances", `"aws:ResourceTag/team"`, "AmazonEC2FullAccess"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("no finding mentions %s; findings:\n%s", want, all)
+		}
+	}
+	if len(findings) != 3 {
+		t.Errorf("%d findings, want 3:\n%s", len(findings), all)
+	}
+}
+
+// TestOptions turns on everything that is off by default.
+func TestOptions(t *testing.T) {
+	tmpl := newStack(t, reapercdk.Props{
+		EKSCluster:          "prod",
+		EKSAccessEntryGroup: "reaper",
+		TableName:           "reaper-ledger",
+		TableRemovalPolicy:  awscdk.RemovalPolicy_DESTROY,
+		MemoryMB:            512,
+		ReservedConcurrency: 5,
+		SweepRate:           5 * time.Minute,
+		MaxEventAge:         2 * time.Hour,
+		IncludeRunning:      true,
+		LogLevel:            "debug",
+		AlarmTopicArn:       "arn:aws:sns:eu-west-1:123456789012:ops",
+		AlarmEmail:          "oncall@example.com",
+		SubnetIDs:           []string{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"},
+		SecurityGroupIDs:    []string{"sg-0123456789abcdef0"},
+	}, nil)
+	m := cdktest.JSON(t, tmpl)
+	_, table := cdktest.Only(t, m, "AWS::DynamoDB::Table")
+	if cdktest.Props(table)["TableName"] != "reaper-ledger" || table["DeletionPolicy"] != "Delete" {
+		t.Errorf("table %v", table)
+	}
+	cdktest.Must(t, func() {
+		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"MemorySize":                   512,
+			"ReservedConcurrentExecutions": 5,
+			"VpcConfig":                    map[string]any{"SubnetIds": []any{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"}, "SecurityGroupIds": []any{"sg-0123456789abcdef0"}},
+			"LoggingConfig":                assertions.Match_ObjectLike(&map[string]any{"ApplicationLogLevel": "DEBUG"}),
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
+				"REAPER_LOG_LEVEL": "debug", "REAPER_EKS_CLUSTER": "prod",
+			})},
+		})
+		tmpl.AllResourcesProperties(jsii.String("AWS::IAM::Role"), map[string]any{
+			"ManagedPolicyArns": []any{map[string]any{"Fn::Join": []any{"", []any{"arn:", map[string]any{"Ref": "AWS::Partition"}, ":iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"}}}},
+		})
+		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 7200})
+		tmpl.ResourceCountIs(jsii.String("AWS::EKS::AccessEntry"), jsii.Number(3))
+		tmpl.AllResourcesProperties(jsii.String("AWS::EKS::AccessEntry"), map[string]any{
+			"ClusterName": "prod", "KubernetesGroups": []any{"reaper"}, "Type": "STANDARD",
+			"PrincipalArn": map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("Role")), "Arn"}},
+		})
+		// The existing topic gets the alarms and the email subscription.
+		tmpl.ResourceCountIs(jsii.String("AWS::SNS::Topic"), jsii.Number(0))
+		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{
+			"Protocol": "email", "Endpoint": "oncall@example.com", "TopicArn": "arn:aws:sns:eu-west-1:123456789012:ops",
+		})
+		tmpl.AllResourcesProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"AlarmActions": []any{"arn:aws:sns:eu-west-1:123456789012:ops"},
+			"OKActions":    []any{"arn:aws:sns:eu-west-1:123456789012:ops"},
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"ScheduleExpression": "rate(5 minutes)"})
+		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"EventPattern": assertions.Match_ObjectLike(&map[string]any{
+			"detail": map[string]any{"state": []any{"stopping", "stopped", "shutting-down", "terminated", "running"}},
+		})})
+	})
+	if f := iamcheck.UnguardedTerminations(m, "reaper.io/managed"); len(f) != 0 {
+		t.Fatalf("unguarded grants: %v", f)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for name, tc := range map[string]struct {
+		props reapercdk.Props
+		want  string
+	}{
+		"no access":        {reapercdk.Props{}, "no Kubernetes access"},
+		"both access":      {reapercdk.Props{EKSCluster: "a", KubeconfigSecretArn: "arn:aws:secretsmanager:x"}, "only one"},
+		"secret not arn":   {reapercdk.Props{KubeconfigSecretArn: "my-secret"}, "is not an ARN"},
+		"entry needs eks":  {reapercdk.Props{KubeconfigSecretArn: "arn:x", EKSAccessEntryGroup: "reaper"}, "needs EKSCluster"},
+		"system group":     {reapercdk.Props{EKSCluster: "a", EKSAccessEntryGroup: "system:masters"}, "system:"},
+		"sweep seconds":    {reapercdk.Props{EKSCluster: "a", SweepRate: 90 * time.Second}, "SweepRate 1m30s"},
+		"event age":        {reapercdk.Props{EKSCluster: "a", MaxEventAge: 7 * time.Hour}, "MaxEventAge 7h0m0s"},
+		"memory":           {reapercdk.Props{EKSCluster: "a", MemoryMB: 64}, "MemoryMB 64"},
+		"log level":        {reapercdk.Props{EKSCluster: "a", LogLevel: "loud"}, `LogLevel "loud"`},
+		"subnets alone":    {reapercdk.Props{EKSCluster: "a", SubnetIDs: []string{"subnet-1"}}, "SubnetIDs and SecurityGroupIDs"},
+		"removal snapshot": {reapercdk.Props{EKSCluster: "a", TableRemovalPolicy: awscdk.RemovalPolicy_SNAPSHOT}, "RETAIN or DESTROY"},
+		"no bootstrap":     {reapercdk.Props{EKSCluster: "a", BuildDir: t.TempDir()}, "exitrecorder/bootstrap is missing: run `make build`"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if tc.props.BuildDir == "" {
+				tc.props.BuildDir = buildDir
+			}
+			err := tc.props.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+	if err := (reapercdk.Props{EKSCluster: "a", BuildDir: buildDir}).Validate(); err != nil {
+		t.Fatalf("minimal props: %v", err)
+	}
+	arm, amd := elfBuildDir(t, elf.EM_AARCH64), elfBuildDir(t, elf.EM_X86_64)
+	if err := (reapercdk.Props{EKSCluster: "a", BuildDir: arm}).Validate(); err != nil {
+		t.Fatalf("arm64 bundles: %v", err)
+	}
+	if err := (reapercdk.Props{EKSCluster: "a", BuildDir: amd}).Validate(); err == nil || !strings.Contains(err.Error(), "sweeper/bootstrap is built for EM_X86_64, the functions run on arm64") {
+		t.Fatalf("amd64 bundles: %v", err)
+	}
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "no Kubernetes access") {
+			t.Fatalf("New with invalid props: %v", r)
+		}
+	}()
+	reapercdk.New(awscdk.NewStack(cdktest.NewApp(t, nil), jsii.String("Bad"), nil), "Reaper", &reapercdk.Props{BuildDir: buildDir})
+}
+
+// elfBuildDir is a build directory whose bootstraps are ELF headers for the
+// machine: enough for the architecture check.
+func elfBuildDir(t *testing.T, machine elf.Machine) string {
+	var buf bytes.Buffer
+	h := elf.Header64{Type: uint16(elf.ET_EXEC), Machine: uint16(machine), Version: uint32(elf.EV_CURRENT), Ehsize: 64, Phentsize: 56, Shentsize: 64}
+	copy(h.Ident[:], elf.ELFMAG)
+	h.Ident[elf.EI_CLASS], h.Ident[elf.EI_DATA], h.Ident[elf.EI_VERSION] = byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)
+	if err := binary.Write(&buf, binary.LittleEndian, h); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, name := range reapercdk.FunctionNames() {
+		if err := os.MkdirAll(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name, "bootstrap"), buf.Bytes(), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
