@@ -245,6 +245,10 @@ func (s *Stack) startKube(ctx context.Context, bins binaries) error {
 			"--service-cluster-ip-range=10.0.0.0/24",
 			"--allow-privileged=true",
 			"--profiling=false",
+			// The watch cache relies on etcd progress requests, which the
+			// Debian etcd 3.4 lacks: cached watches then fail with "Too large
+			// resource version". Serving watches from etcd directly works.
+			"--watch-cache=false",
 		}
 		return s.StartAPIServer(ctx)
 	})

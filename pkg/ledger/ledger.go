@@ -228,6 +228,9 @@ type Done struct {
 	PodSynced string
 	// Terminated is set when the instance was terminated (or found gone).
 	Terminated bool
+	// Pod, when set, names the instance's Pod if the record has none yet
+	// (an orphan terminated by the sweep has no record before).
+	Pod PodRef
 }
 
 // MarkDone records finished side effects. The write is unconditional on
@@ -246,6 +249,14 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	}
 	if d.Terminated {
 		set += ", #terminated = if_not_exists(#terminated, :now)"
+	}
+	if d.Pod != (PodRef{}) {
+		podAV, err := attributevalue.Marshal(d.Pod)
+		if err != nil {
+			return err
+		}
+		set += ", #pod = if_not_exists(#pod, :pod)"
+		values[":pod"] = podAV
 	}
 	_, err := t.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 &t.name,
@@ -355,5 +366,10 @@ func CreateTable(ctx context.Context, client *dynamodb.Client, name string) erro
 	if err != nil {
 		return fmt.Errorf("create table %s: %w", name, err)
 	}
-	return dynamodb.NewTableExistsWaiter(client).Wait(ctx, &dynamodb.DescribeTableInput{TableName: &name}, 2*time.Minute)
+	// The waiter's default first delay is 20 s; a new on-demand table is
+	// usually active in a few, and a local one at once.
+	waiter := dynamodb.NewTableExistsWaiter(client, func(o *dynamodb.TableExistsWaiterOptions) {
+		o.MinDelay, o.MaxDelay = 100*time.Millisecond, 5*time.Second
+	})
+	return waiter.Wait(ctx, &dynamodb.DescribeTableInput{TableName: &name}, 2*time.Minute)
 }

@@ -143,7 +143,11 @@ func exited(cs corev1.ContainerStatus, e ledger.Exit) corev1.ContainerStatus {
 		cs.RestartCount = e.RestartCount + 1
 		return cs
 	}
+	// The status is derived from the latest exit alone, so that exits
+	// delivered in any order end the same; earlier runs are counted in
+	// restartCount and told by their Events.
 	cs.State = corev1.ContainerState{Terminated: term}
+	cs.LastTerminationState = corev1.ContainerState{}
 	cs.RestartCount = e.RestartCount
 	return cs
 }

@@ -44,7 +44,10 @@ func Decide(rec ledger.Record, now time.Time, p Policy) Plan {
 	if rec.Gone != nil && rec.Exit == nil && outcome == nil {
 		plan.WaitUntil = rec.Gone.At.Add(p.ExitWait)
 	}
-	if rec.Terminated.IsZero() && !instances.Ending(rec.LastState) {
+	// Whether the instance is already on its way out is EC2's to say, not
+	// the ledger's: the terminate step asks it (one lookup) and counts an
+	// instance already gone as done.
+	if rec.Terminated.IsZero() {
 		plan.Terminate = wantTerminated(rec, p)
 	}
 	return plan

@@ -30,12 +30,12 @@ func TestDecide(t *testing.T) {
 		{name: "exit already on pod", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced = "exit/1" }), terminate: true},
 		{name: "all done", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Terminated = "exit/1", t0 })},
 		{name: "newer restart than synced", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced = "exit/0" }), pod: "exit/1"},
-		{name: "exit after terminated event", rec: with(exitRec(false), func(r *ledger.Record) { r.Gone, r.LastState = gone("terminated"), "terminated" }), pod: "exit/1"},
+		{name: "exit after terminated event", rec: with(exitRec(false), func(r *ledger.Record) { r.Gone, r.LastState = gone("terminated"), "terminated" }), pod: "exit/1", terminate: true},
 		{name: "gone inside window", rec: ledger.Record{InstanceID: "i-1", Gone: gone("terminated"), LastState: "terminated"}, now: t0.Add(time.Minute), wait: true},
 		{name: "gone window expired", rec: ledger.Record{InstanceID: "i-1", Gone: gone("terminated"), LastState: "terminated"}, now: t0.Add(3 * time.Minute), pod: "lost"},
 		{name: "stopped: terminate now, pod later", rec: ledger.Record{InstanceID: "i-1", Gone: gone("stopped"), LastState: "stopped"}, now: t0, terminate: true, wait: true},
 		{name: "stopped, knob off", rec: ledger.Record{InstanceID: "i-1", Gone: gone("stopped"), LastState: "stopped"}, now: t0, policy: Policy{ExitWait: time.Minute}, wait: true},
-		{name: "lost is final", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Gone, r.LastState = "lost", gone("terminated"), "terminated" })},
+		{name: "lost is final", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Gone, r.LastState = "lost", gone("terminated"), "terminated" }), terminate: true},
 		{name: "running, nothing known", rec: ledger.Record{InstanceID: "i-1", LastState: "running"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -70,10 +70,11 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	}
 	sum.ManagedInstances = len(managed)
 
-	// Gone instances the ledger missed.
+	// Gone instances the ledger missed. Those Reaper terminated itself need
+	// nothing more: their Pod step was settled when it did.
 	for id, inst := range managed {
 		rec, ok := records[id]
-		if !instances.Gone(inst.State) || (ok && rec.Gone != nil) {
+		if !instances.Gone(inst.State) || (ok && (rec.Gone != nil || !rec.Terminated.IsZero())) {
 			continue
 		}
 		sum.MissedGone++
@@ -129,8 +130,14 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		out, err := r.Fleet.Terminate(ctx, orphans, managed)
 		errs = append(errs, err)
 		for _, id := range orphans {
-			if out[id] == instances.Terminating || out[id] == instances.WouldTerminate {
+			switch out[id] {
+			case instances.WouldTerminate:
 				sum.Orphans++
+			case instances.Terminating:
+				sum.Orphans++
+				// Remember it, so that later sweeps and its state-change
+				// events know the instance is settled.
+				errs = append(errs, r.Ledger.MarkDone(ctx, id, ledger.Done{Terminated: true, Pod: managed[id].Pod}))
 			}
 		}
 	}
