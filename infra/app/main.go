@@ -1,6 +1,6 @@
 // Command app is Reaper's default CDK app: one stack holding the Reaper
 // construct, configured from CDK context (`cdk deploy -c key=value`, or the
-// "context" of cdk.json). See infra/README.md for the knobs.
+// "context" of cdk.json). See the README's Deploy section for the knobs.
 package main
 
 import (
