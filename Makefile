@@ -30,19 +30,27 @@ lint: setup
 	@$(SETUP) && "$$REAPER_STATICCHECK" ./...
 
 test: setup build lint
-	@$(SETUP) && go test -count=1 ./...
+	@$(SETUP) && go test -count=1 -timeout 25m ./...
 
 # The demo: 30 Pods whose containers exit, replayed through the exitrecorder
 # under the Lambda runtime interface emulator against a local stack.
 replay: setup
 	@$(SETUP) && go run ./cmd/reaper replay
 
+# One function on one sample event, under the Lambda runtime interface
+# emulator against a local stack: the docker-free twin of `sam local invoke`.
+# The Pod and instance the event talks about are seeded first.
+# make invoke FN=exitrecorder EVENT=events/exitrecorder/oom.json [ARGS="-v -env K=V"]
+invoke: setup
+	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=<exitrecorder|statechange|sweeper> EVENT=events/<function>/<file>.json [ARGS=\"-v -keep-stack -env K=V\"]" >&2; exit 2; }
+	@$(SETUP) && go run ./cmd/reaper invoke -fn $(FN) -event $(EVENT) $(ARGS)
+
 bench: setup
 	@$(SETUP) && go test -run '^$$' -bench . -benchmem -benchtime 1x ./bench/...
 
 # cdk.out/<stack>.template.json and its assets; needs no AWS account or
 # credentials. `sam local invoke -t cdk.out/Reaper.template.json` runs on it.
-# Knobs (infra/README.md) go in CDK_CONTEXT, e.g.
+# Knobs (README, "Context knobs") go in CDK_CONTEXT, e.g.
 # make synth CDK_CONTEXT="-c eksCluster=prod -c alarmEmail=ops@example.com"
 .PHONY: synth
 synth: setup build
