@@ -78,7 +78,7 @@ func operations(service string, actions ...[]string) []string {
 // call fails here until the construct grants it (and nothing more).
 func TestGrantsMatchCode(t *testing.T) {
 	// CreateTable serves `reaper ledger init` on local stacks, not Lambda.
-	if got, want := apiCalls(t, "../../pkg/ledger", "CreateTable"), operations("dynamodb", ledgerActions, sweepActions); !slices.Equal(got, want) {
+	if got, want := apiCalls(t, "../../pkg/ledger", "CreateTable"), operations("dynamodb", ledgerActions, sweepTableActions, sweepIndexActions); !slices.Equal(got, want) {
 		t.Errorf("pkg/ledger calls %v, the functions are granted %v", got, want)
 	}
 	if got, want := apiCalls(t, "../../pkg/instances"), []string{"DescribeInstances", "TerminateInstances"}; !slices.Equal(got, want) {

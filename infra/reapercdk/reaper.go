@@ -49,8 +49,8 @@ var EndStates = []string{instances.Stopping, instances.Stopped, instances.Shutti
 type function struct {
 	name, id, description string
 	timeout               time.Duration
-	// scan: the sweeper reads the whole ledger.
-	scan bool
+	// sweeps: the sweeper reads the pending index and batches of records.
+	sweeps bool
 }
 
 var functions = []function{
@@ -71,7 +71,10 @@ func FunctionNames() []string {
 // Ledger item actions the functions use (see pkg/ledger); no table admin.
 var (
 	ledgerActions = []string{"dynamodb:GetItem", "dynamodb:UpdateItem"}
-	sweepActions  = []string{"dynamodb:Scan"}
+	// The sweeper reads the pending index and the records of the managed
+	// instances it checks; it never scans the table.
+	sweepTableActions = []string{"dynamodb:BatchGetItem"}
+	sweepIndexActions = []string{"dynamodb:Query"}
 )
 
 // Reaper is the deployed Reaper. Add further constructs under it with
@@ -125,6 +128,11 @@ func New(scope constructs.Construct, id string, props *Props) *Reaper {
 			PointInTimeRecoveryEnabled: jsii.Bool(true),
 		},
 		RemovalPolicy: p.TableRemovalPolicy,
+	})
+	r.Table.AddGlobalSecondaryIndex(&awsdynamodb.GlobalSecondaryIndexProps{
+		IndexName:      jsii.String(ledger.PendingIndex),
+		PartitionKey:   &awsdynamodb.Attribute{Name: jsii.String(ledger.PendingAttribute), Type: awsdynamodb.AttributeType_STRING},
+		ProjectionType: awsdynamodb.ProjectionType_ALL,
 	})
 
 	// DESTROY: the name is fixed, so a retained group would make the next
@@ -323,8 +331,10 @@ func (r *Reaper) statements(stack awscdk.Stack, spec function, logs awslogs.LogG
 		st("DescribeInstances", []string{"ec2:DescribeInstances"}, jsii.String("*")),
 		terminate,
 	}
-	if spec.scan {
-		out = append(out, st("SweepLedger", sweepActions, r.Table.TableArn()))
+	if spec.sweeps {
+		out = append(out,
+			st("SweepLedger", sweepTableActions, r.Table.TableArn()),
+			st("SweepPending", sweepIndexActions, jsii.String(*r.Table.TableArn()+"/index/"+ledger.PendingIndex)))
 	}
 	if p.EKSCluster != "" {
 		out = append(out, st("DescribeCluster", []string{"eks:DescribeCluster"}, stack.FormatArn(&awscdk.ArnComponents{

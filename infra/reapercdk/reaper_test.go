@@ -88,8 +88,16 @@ func has(t *testing.T, tmpl assertions.Template, typ string, props map[string]an
 func TestLedgerTable(t *testing.T) {
 	tmpl, m := defaults(t)
 	has(t, tmpl, "AWS::DynamoDB::Table", map[string]any{
-		"KeySchema":                        []any{map[string]any{"AttributeName": "instanceId", "KeyType": "HASH"}},
-		"AttributeDefinitions":             []any{map[string]any{"AttributeName": "instanceId", "AttributeType": "S"}},
+		"KeySchema": []any{map[string]any{"AttributeName": "instanceId", "KeyType": "HASH"}},
+		"AttributeDefinitions": []any{
+			map[string]any{"AttributeName": "instanceId", "AttributeType": "S"},
+			map[string]any{"AttributeName": "pending", "AttributeType": "S"},
+		},
+		"GlobalSecondaryIndexes": []any{map[string]any{
+			"IndexName":  "pending",
+			"KeySchema":  []any{map[string]any{"AttributeName": "pending", "KeyType": "HASH"}},
+			"Projection": map[string]any{"ProjectionType": "ALL"},
+		}},
 		"BillingMode":                      "PAY_PER_REQUEST",
 		"TimeToLiveSpecification":          map[string]any{"AttributeName": "expiresAt", "Enabled": true},
 		"PointInTimeRecoverySpecification": map[string]any{"PointInTimeRecoveryEnabled": true},
@@ -318,7 +326,7 @@ func TestFunctionPermissions(t *testing.T) {
 	_, m := defaults(t)
 	tableID, _ := cdktest.Only(t, m, "AWS::DynamoDB::Table")
 	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
-	for id, extra := range map[string][]string{"ExitRecorder": nil, "StateChange": nil, "Sweeper": {"dynamodb:Scan"}} {
+	for id, extra := range map[string][]string{"ExitRecorder": nil, "StateChange": nil, "Sweeper": {"dynamodb:BatchGetItem", "dynamodb:Query"}} {
 		_, f := fn(t, m, id)
 		roleID := cdktest.Props(f)["Role"].(map[string]any)["Fn::GetAtt"].([]any)[0].(string)
 		role := cdktest.Resources(m, "AWS::IAM::Role")[roleID]
@@ -342,6 +350,10 @@ func TestFunctionPermissions(t *testing.T) {
 			case slices.Contains(acts, "ec2:DescribeInstances"):
 				if len(acts) != 1 || resource != `"*"` {
 					t.Errorf("%s describe statement %s", id, compact(s))
+				}
+			case acts[0] == "dynamodb:Query":
+				if !strings.Contains(resource, tableID) || !strings.Contains(resource, "/index/pending") {
+					t.Errorf("%s pending-index statement on %s", id, resource)
 				}
 			case strings.HasPrefix(acts[0], "dynamodb:"):
 				if resource != compact(getAtt(tableID, "Arn")) {

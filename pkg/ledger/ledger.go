@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,13 @@ import (
 const (
 	KeyAttribute = "instanceId"
 	TTLAttribute = "expiresAt"
+	// PendingIndex is a sparse global secondary index on PendingAttribute:
+	// only records that may still need work carry the attribute, so the
+	// sweeper queries a handful of items instead of scanning a month of
+	// history every minute.
+	PendingIndex     = "pending"
+	PendingAttribute = "pending"
+	pendingValue     = "1"
 )
 
 // Retention is how long an item outlives its last write (DynamoDB TTL).
@@ -92,7 +100,12 @@ type Record struct {
 	// succeeded (or found it already gone).
 	Terminated time.Time `dynamodbav:"terminated,omitempty" json:"terminated,omitempty"`
 	UpdatedAt  time.Time `dynamodbav:"updatedAt" json:"updatedAt,omitempty"`
-	ExpiresAt  int64     `dynamodbav:"expiresAt" json:"expiresAt,omitempty"`
+	// Pending is set while the record may need work (PendingIndex).
+	Pending string `dynamodbav:"pending,omitempty" json:"pending,omitempty"`
+	// Version counts the writes that can add work, so that clearing
+	// Pending never hides work recorded in between.
+	Version   int64 `dynamodbav:"version" json:"version"`
+	ExpiresAt int64 `dynamodbav:"expiresAt" json:"expiresAt,omitempty"`
 }
 
 // Table is the DynamoDB-backed ledger.
@@ -146,15 +159,17 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod PodRef, e
 		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
 	}
 	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
-		UpdateExpression:         aws.String("SET #exit = :exit, exitRestartCount = :rc, #pod = :pod, updatedAt = :now, expiresAt = :exp"),
+		UpdateExpression:         aws.String("SET #exit = :exit, exitRestartCount = :rc, #pod = :pod, updatedAt = :now, expiresAt = :exp, #pending = :pending ADD #version :one"),
 		ConditionExpression:      aws.String("attribute_not_exists(exitRestartCount) OR exitRestartCount <= :rc"),
-		ExpressionAttributeNames: names("#exit", "#pod"),
+		ExpressionAttributeNames: names("#exit #pod #pending #version"),
 		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":exit": exitAV,
-			":rc":   &types.AttributeValueMemberN{Value: fmt.Sprint(exit.RestartCount)},
-			":pod":  podAV,
-			":now":  timeAV(now),
-			":exp":  expiry(now),
+			":exit":    exitAV,
+			":rc":      &types.AttributeValueMemberN{Value: fmt.Sprint(exit.RestartCount)},
+			":pod":     podAV,
+			":now":     timeAV(now),
+			":exp":     expiry(now),
+			":pending": pending,
+			":one":     one,
 		},
 	})
 	if errors.Is(err, errStale) {
@@ -183,12 +198,14 @@ type StateChange struct {
 func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, sc StateChange) (Record, error) {
 	now := t.now().UTC()
 	set := "SET lastState = :state, lastStateAt = :at, lastStateRank = :rank, updatedAt = :now, expiresAt = :exp"
+	add := " ADD #version :one"
 	values := map[string]types.AttributeValue{
 		":state": &types.AttributeValueMemberS{Value: sc.State},
 		":at":    timeAV(sc.At),
 		":rank":  &types.AttributeValueMemberN{Value: fmt.Sprint(sc.Rank)},
 		":now":   timeAV(now),
 		":exp":   expiry(now),
+		":one":   one,
 	}
 	if pod != (PodRef{}) {
 		podAV, err := attributevalue.Marshal(pod)
@@ -203,14 +220,14 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, 
 		if err != nil {
 			return Record{}, err
 		}
-		set += ", #gone = :gone"
-		values[":gone"] = goneAV
+		set += ", #gone = :gone, #pending = :pending"
+		values[":gone"], values[":pending"] = goneAV, pending
 	}
 	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
-		UpdateExpression: aws.String(set),
+		UpdateExpression: aws.String(set + add),
 		ConditionExpression: aws.String("attribute_not_exists(lastStateAt) OR lastStateAt < :at OR " +
 			"(lastStateAt = :at AND lastStateRank <= :rank)"),
-		ExpressionAttributeNames:  names(set),
+		ExpressionAttributeNames:  names(set + add),
 		ExpressionAttributeValues: values,
 	})
 	if errors.Is(err, errStale) {
@@ -231,15 +248,16 @@ type Done struct {
 	// Pod, when set, names the instance's Pod if the record has none yet
 	// (an orphan terminated by the sweep has no record before).
 	Pod PodRef
+	// Settled says nothing is left to do for the record as it was read at
+	// Version: it leaves the pending index, unless a write in between
+	// (a higher version) added work.
+	Settled bool
+	Version int64
 }
 
-// MarkDone records finished side effects. The write is unconditional on
-// purpose: it only ever moves a step to done, and a step done twice is still
-// done.
+// MarkDone records finished side effects. Steps only ever move to done,
+// and a step done twice is still done.
 func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
-	if d == (Done{}) {
-		return nil
-	}
 	now := t.now().UTC()
 	set := "SET updatedAt = :now, expiresAt = :exp"
 	values := map[string]types.AttributeValue{":now": timeAV(now), ":exp": expiry(now)}
@@ -258,31 +276,48 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 		set += ", #pod = if_not_exists(#pod, :pod)"
 		values[":pod"] = podAV
 	}
-	_, err := t.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                 &t.name,
-		Key:                       key(instanceID),
-		UpdateExpression:          &set,
-		ExpressionAttributeNames:  names(set),
-		ExpressionAttributeValues: values,
-	})
+	in := &dynamodb.UpdateItemInput{TableName: &t.name, Key: key(instanceID), ExpressionAttributeValues: values}
+	if !d.Settled {
+		set += ", #pending = :pending"
+		values[":pending"] = pending
+	} else {
+		in.ConditionExpression = aws.String("attribute_not_exists(#version) OR #version = :version")
+		values[":version"] = &types.AttributeValueMemberN{Value: fmt.Sprint(d.Version)}
+		set += " REMOVE #pending"
+	}
+	in.UpdateExpression, in.ExpressionAttributeNames = &set, names(set, aws.ToString(in.ConditionExpression))
+	_, err := t.client.UpdateItem(ctx, in)
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		// Work was recorded since the read: mark the steps, stay pending.
+		return t.MarkDone(ctx, instanceID, Done{PodSynced: d.PodSynced, Terminated: d.Terminated, Pod: d.Pod})
+	}
 	if err != nil {
 		return fmt.Errorf("ledger mark done %s: %w", instanceID, err)
 	}
 	return nil
 }
 
-// Scan calls fn for every record, a page at a time, for the sweeper.
-func (t *Table) Scan(ctx context.Context, fn func(Record) error) error {
-	p := dynamodb.NewScanPaginator(t.client, &dynamodb.ScanInput{TableName: &t.name, ConsistentRead: aws.Bool(true)})
+// Pending calls fn for every record that may still need work, a page at a
+// time, for the sweeper. The index is eventually consistent: a record
+// written a moment ago may only show up in the next sweep.
+func (t *Table) Pending(ctx context.Context, fn func(Record) error) error {
+	p := dynamodb.NewQueryPaginator(t.client, &dynamodb.QueryInput{
+		TableName:                 &t.name,
+		IndexName:                 aws.String(PendingIndex),
+		KeyConditionExpression:    aws.String("#pending = :pending"),
+		ExpressionAttributeNames:  names("#pending"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pending": pending},
+	})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
-			return fmt.Errorf("ledger scan: %w", err)
+			return fmt.Errorf("ledger pending: %w", err)
 		}
 		for _, item := range page.Items {
 			var rec Record
 			if err := attributevalue.UnmarshalMap(item, &rec); err != nil {
-				return fmt.Errorf("ledger scan: decode: %w", err)
+				return fmt.Errorf("ledger pending: decode: %w", err)
 			}
 			if err := fn(rec); err != nil {
 				return err
@@ -290,6 +325,39 @@ func (t *Table) Scan(ctx context.Context, fn func(Record) error) error {
 		}
 	}
 	return nil
+}
+
+// batchGetLimit is BatchGetItem's limit of keys per call.
+const batchGetLimit = 100
+
+// GetMany returns the records of the instances that have one (strongly
+// consistent reads, 100 keys a call).
+func (t *Table) GetMany(ctx context.Context, ids []string) (map[string]Record, error) {
+	out := make(map[string]Record, len(ids))
+	for chunk := range slices.Chunk(ids, batchGetLimit) {
+		keys := make([]map[string]types.AttributeValue, len(chunk))
+		for i, id := range chunk {
+			keys[i] = key(id)
+		}
+		request := map[string]types.KeysAndAttributes{t.name: {Keys: keys, ConsistentRead: aws.Bool(true)}}
+		for len(request) > 0 {
+			res, err := t.client.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: request})
+			if err != nil {
+				return nil, fmt.Errorf("ledger get many: %w", err)
+			}
+			for _, item := range res.Responses[t.name] {
+				var rec Record
+				if err := attributevalue.UnmarshalMap(item, &rec); err != nil {
+					return nil, fmt.Errorf("ledger get many: decode: %w", err)
+				}
+				out[rec.InstanceID] = rec
+			}
+			// Unprocessed keys come back under load; the SDK's retryer has
+			// already backed off for the call, so ask again.
+			request = res.UnprocessedKeys
+		}
+	}
+	return out, nil
 }
 
 var errStale = errors.New("stale")
@@ -315,7 +383,7 @@ func (t *Table) update(ctx context.Context, instanceID string, in *dynamodb.Upda
 
 // aliased are attribute names DynamoDB reserves as keywords; expressions
 // refer to them as #name.
-var aliased = []string{"exit", "pod", "gone", "terminated"}
+var aliased = []string{"exit", "pod", "gone", "terminated", "pending", "version"}
 
 // names returns the #name aliases an expression uses, or nil: DynamoDB
 // rejects aliases an expression does not use.
@@ -333,6 +401,11 @@ func names(expressions ...string) map[string]string {
 	}
 	return out
 }
+
+var (
+	pending = &types.AttributeValueMemberS{Value: pendingValue}
+	one     = &types.AttributeValueMemberN{Value: "1"}
+)
 
 func key(instanceID string) map[string]types.AttributeValue {
 	return map[string]types.AttributeValue{KeyAttribute: &types.AttributeValueMemberS{Value: instanceID}}
@@ -354,10 +427,18 @@ func expiry(now time.Time) types.AttributeValue {
 // deploys (on-demand billing). An existing table is success.
 func CreateTable(ctx context.Context, client *dynamodb.Client, name string) error {
 	_, err := client.CreateTable(ctx, &dynamodb.CreateTableInput{
-		TableName:            &name,
-		BillingMode:          types.BillingModePayPerRequest,
-		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(KeyAttribute), AttributeType: types.ScalarAttributeTypeS}},
-		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String(KeyAttribute), KeyType: types.KeyTypeHash}},
+		TableName:   &name,
+		BillingMode: types.BillingModePayPerRequest,
+		AttributeDefinitions: []types.AttributeDefinition{
+			{AttributeName: aws.String(KeyAttribute), AttributeType: types.ScalarAttributeTypeS},
+			{AttributeName: aws.String(PendingAttribute), AttributeType: types.ScalarAttributeTypeS},
+		},
+		KeySchema: []types.KeySchemaElement{{AttributeName: aws.String(KeyAttribute), KeyType: types.KeyTypeHash}},
+		GlobalSecondaryIndexes: []types.GlobalSecondaryIndex{{
+			IndexName:  aws.String(PendingIndex),
+			KeySchema:  []types.KeySchemaElement{{AttributeName: aws.String(PendingAttribute), KeyType: types.KeyTypeHash}},
+			Projection: &types.Projection{ProjectionType: types.ProjectionTypeAll},
+		}},
 	})
 	var inUse *types.ResourceInUseException
 	if errors.As(err, &inUse) {

@@ -20,7 +20,8 @@ type Ledger interface {
 	RecordExit(ctx context.Context, instanceID string, pod ledger.PodRef, exit ledger.Exit) (ledger.Record, error)
 	RecordState(ctx context.Context, instanceID string, pod ledger.PodRef, sc ledger.StateChange) (ledger.Record, error)
 	MarkDone(ctx context.Context, instanceID string, d ledger.Done) error
-	Scan(ctx context.Context, fn func(ledger.Record) error) error
+	Pending(ctx context.Context, fn func(ledger.Record) error) error
+	GetMany(ctx context.Context, ids []string) (map[string]ledger.Record, error)
 }
 
 // Pods writes Pod status (package kube).
@@ -86,15 +87,8 @@ func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, known map[str
 	}
 	wg.Wait()
 
-	var done ledger.Done
-	if plan.Pod != nil && podErr == nil && rep.PodResult != kube.DryRun {
-		done.PodSynced = plan.Pod.Key()
-	}
-	if plan.Terminate && termErr == nil && rep.TerminateResult != instances.WouldTerminate {
-		done.Terminated = true
-	}
 	var markErr error
-	if !r.DryRun {
+	if done, write := r.done(rec, plan, rep, podErr, termErr); write && !r.DryRun {
 		markErr = r.Ledger.MarkDone(ctx, rec.InstanceID, done)
 	}
 	r.Log.LogAttrs(ctx, logLevel(podErr, termErr, markErr), "reconciled",
@@ -106,6 +100,24 @@ func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, known map[str
 		slog.Bool("dryRun", r.DryRun),
 	)
 	return rep, errors.Join(podErr, termErr, markErr)
+}
+
+// done is what the ledger must learn after the steps: the steps that
+// succeeded and whether the record is settled (it then leaves the pending
+// index). write is false when that changes nothing.
+func (r *Reaper) done(rec ledger.Record, plan Plan, rep Report, podErr, termErr error) (done ledger.Done, write bool) {
+	after := rec
+	if plan.Pod != nil && podErr == nil && rep.PodResult != kube.DryRun {
+		done.PodSynced, after.PodSynced = plan.Pod.Key(), plan.Pod.Key()
+	}
+	if plan.Terminate && termErr == nil && rep.TerminateResult != instances.WouldTerminate {
+		done.Terminated, after.Terminated = true, r.Now()
+	}
+	next := Decide(after, r.Now(), r.Policy)
+	done.Settled = next.Pod == nil && !next.Terminate && next.WaitUntil.IsZero()
+	done.Version = rec.Version
+	write = done.PodSynced != "" || done.Terminated || done.Settled == (rec.Pending != "")
+	return done, write
 }
 
 func outcomeKey(o *podstatus.Outcome) string {

@@ -17,6 +17,7 @@ import (
 
 // SweepSummary counts what one sweep did; it is logged as one line.
 type SweepSummary struct {
+	// Records is how many pending ledger records the sweep looked at.
 	Records          int `json:"records"`
 	ManagedInstances int `json:"managedInstances"`
 	// MissedGone are managed instances found gone that the ledger did not
@@ -37,7 +38,9 @@ type SweepSummary struct {
 const sweepWorkers = 8
 
 // Sweep reconciles ledger × managed instances × Pods, so that a lost or
-// failed event delays a result but never loses it:
+// failed event delays a result but never loses it. It reads the pending
+// records (those that may need work) and the records of the managed
+// instances it checks, never the whole ledger:
 //   - ledger records with a step not done are redone;
 //   - instances gone past the exit-wait window with no exit line get their
 //     Pod finalized as lost;
@@ -53,7 +56,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	var errs []error
 
 	records := map[string]ledger.Record{}
-	if err := r.Ledger.Scan(ctx, func(rec ledger.Record) error {
+	if err := r.Ledger.Pending(ctx, func(rec ledger.Record) error {
 		records[rec.InstanceID] = rec
 		return nil
 	}); err != nil {
@@ -69,6 +72,22 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		return sum, err
 	}
 	sum.ManagedInstances = len(managed)
+
+	// The records of managed instances that the checks below look at (gone,
+	// or old enough to be orphans) and that are not pending.
+	var lookup []string
+	for id, inst := range managed {
+		if _, ok := records[id]; !ok && (instances.Gone(inst.State) || inst.LaunchTime.Before(start.Add(-orphanGrace))) {
+			lookup = append(lookup, id)
+		}
+	}
+	settled, err := r.Ledger.GetMany(ctx, lookup)
+	if err != nil {
+		return sum, err
+	}
+	for id, rec := range settled {
+		records[id] = rec
+	}
 
 	// Gone instances the ledger missed. Those Reaper terminated itself need
 	// nothing more: their Pod step was settled when it did.
