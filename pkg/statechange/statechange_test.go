@@ -1,0 +1,43 @@
+package statechange
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+)
+
+func event(detail string) events.CloudWatchEvent {
+	return events.CloudWatchEvent{Source: Source, DetailType: DetailType, Time: time.Date(2026, 11, 30, 7, 0, 0, 0, time.UTC), Detail: json.RawMessage(detail)}
+}
+
+func TestParse(t *testing.T) {
+	m, err := Parse(event(`{"instance-id":"i-0123456789abcdef0","state":"terminated"}`))
+	if err != nil || m.InstanceID != "i-0123456789abcdef0" || m.State != "terminated" || m.Time.Hour() != 7 {
+		t.Fatalf("%+v %v", m, err)
+	}
+	for name, tc := range map[string]struct {
+		ev   events.CloudWatchEvent
+		want string
+	}{
+		"other source": {events.CloudWatchEvent{Source: "aws.events", DetailType: "Scheduled Event"}, "not an EC2 state change"},
+		"bad detail":   {event(`[`), "state change detail"},
+		"bad id":       {event(`{"instance-id":"web-1","state":"running"}`), "not an EC2 instance id"},
+		"bad state":    {event(`{"instance-id":"i-0123456789abcdef0","state":"melting"}`), "unknown state"},
+	} {
+		if _, err := Parse(tc.ev); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+}
+
+func TestRankOrdersALifecycle(t *testing.T) {
+	order := []string{"pending", "running", "stopping", "stopped", "shutting-down", "terminated"}
+	for i := 1; i < len(order); i++ {
+		if Rank(order[i-1]) >= Rank(order[i]) {
+			t.Errorf("%s does not rank before %s", order[i-1], order[i])
+		}
+	}
+}
