@@ -30,7 +30,8 @@ const (
 	Patched Result = "patched"
 	// AlreadyTerminal: the Pod had ended before; it was not touched.
 	AlreadyTerminal Result = "already-terminal"
-	// Current: the Pod already shows this outcome or a later one.
+	// Current: the Pod is live and, from Apply, already shows this outcome
+	// or a later one.
 	Current Result = "current"
 	// PodGone: no Pod of that name exists any more.
 	PodGone Result = "pod-gone"
@@ -69,16 +70,9 @@ func NewStatusWriter(client kubernetes.Interface, dryRun bool) *StatusWriter {
 func (w *StatusWriter) Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome) (Result, error) {
 	pods := w.client.CoreV1().Pods(ref.Namespace)
 	for range maxConflicts {
-		pod, err := pods.Get(ctx, ref.Name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			return PodGone, nil
-		case err != nil:
-			return "", fmt.Errorf("get pod %s: %w", ref, err)
-		case string(pod.UID) != ref.UID:
-			return PodReplaced, nil
-		case podstatus.Terminal(pod.Status.Phase):
-			return AlreadyTerminal, nil
+		pod, res, err := w.current(ctx, ref)
+		if err != nil || res != Current {
+			return res, err
 		}
 		status, ok := podstatus.Build(pod, o, w.now())
 		if !ok {
@@ -196,16 +190,23 @@ func describe(o podstatus.Outcome, phase corev1.PodPhase) (reason, msg, kind str
 // Current (it exists and is not terminal), AlreadyTerminal, PodGone or
 // PodReplaced. The sweeper uses it to find orphaned instances.
 func (w *StatusWriter) Lookup(ctx context.Context, ref ledger.PodRef) (Result, error) {
+	_, res, err := w.current(ctx, ref)
+	return res, err
+}
+
+// current reads the Pod and says whether it is still the one ref names and
+// has not ended (Current).
+func (w *StatusWriter) current(ctx context.Context, ref ledger.PodRef) (*corev1.Pod, Result, error) {
 	pod, err := w.client.CoreV1().Pods(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return PodGone, nil
+		return nil, PodGone, nil
 	case err != nil:
-		return "", fmt.Errorf("get pod %s: %w", ref, err)
+		return nil, "", fmt.Errorf("get pod %s: %w", ref, err)
 	case string(pod.UID) != ref.UID:
-		return PodReplaced, nil
+		return nil, PodReplaced, nil
 	case podstatus.Terminal(pod.Status.Phase):
-		return AlreadyTerminal, nil
+		return nil, AlreadyTerminal, nil
 	}
-	return Current, nil
+	return pod, Current, nil
 }

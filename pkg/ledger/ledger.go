@@ -172,10 +172,6 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod PodRef, e
 			":one":     one,
 		},
 	})
-	if errors.Is(err, errStale) {
-		// A later exit is already recorded; this one is history.
-		rec, _, err = t.Get(ctx, instanceID)
-	}
 	if err != nil {
 		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
 	}
@@ -230,9 +226,6 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, 
 		ExpressionAttributeNames:  names(set + add),
 		ExpressionAttributeValues: values,
 	})
-	if errors.Is(err, errStale) {
-		rec, _, err = t.Get(ctx, instanceID)
-	}
 	if err != nil {
 		return Record{}, fmt.Errorf("ledger record state %s: %w", instanceID, err)
 	}
@@ -360,8 +353,9 @@ func (t *Table) GetMany(ctx context.Context, ids []string) (map[string]Record, e
 	return out, nil
 }
 
-var errStale = errors.New("stale")
-
+// update applies a conditional write and returns the record as it stands
+// after it. A failed condition means the ledger already knows something
+// newer: the write is history, and the record is read as it is.
 func (t *Table) update(ctx context.Context, instanceID string, in *dynamodb.UpdateItemInput) (Record, error) {
 	in.TableName = &t.name
 	in.Key = key(instanceID)
@@ -369,7 +363,8 @@ func (t *Table) update(ctx context.Context, instanceID string, in *dynamodb.Upda
 	out, err := t.client.UpdateItem(ctx, in)
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
-		return Record{}, errStale
+		rec, _, err := t.Get(ctx, instanceID)
+		return rec, err
 	}
 	if err != nil {
 		return Record{}, err
