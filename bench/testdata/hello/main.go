@@ -1,0 +1,16 @@
+// Command hello is the smallest aws-lambda-go function: the baseline the
+// exitrecorder's init time is compared with (BenchmarkInit).
+package main
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/aws/aws-lambda-go/lambda"
+)
+
+func main() {
+	lambda.Start(func(ctx context.Context, ev json.RawMessage) (string, error) {
+		return "hello", nil
+	})
+}

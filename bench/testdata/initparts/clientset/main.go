@@ -1,0 +1,18 @@
+// Command clientset is the hello-world bootstrap linking what the
+// exitrecorder links for Kubernetes: client-go's typed clientset, every API
+// group's client and scheme (BenchmarkInitParts).
+package main
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/aws/aws-lambda-go/lambda"
+	_ "k8s.io/client-go/kubernetes"
+)
+
+func main() {
+	lambda.Start(func(ctx context.Context, ev json.RawMessage) (string, error) {
+		return "hello", nil
+	})
+}
