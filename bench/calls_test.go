@@ -3,6 +3,9 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +17,11 @@ import (
 
 	awsmw "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	smithymw "github.com/aws/smithy-go/middleware"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/reaper-k8s/reaper/pkg/exitline"
 )
 
 var metaGet = metav1.GetOptions{}
@@ -83,13 +90,17 @@ func countAWS(v variant) func(*smithymw.Stack) error {
 // exitState is carried in the context of one exit, for the variants that
 // move apiserver calls around.
 type exitState struct {
-	// events are Event posts still in flight (asyncEvent); the exit is
-	// done when they are.
+	// events are requests the variants left in flight (the early Pod
+	// GET, Event posts); the exit is done when they are.
 	events sync.WaitGroup
 	mu     sync.Mutex
 	errs   []error
 	// pod is the Pod GET issued early (prefetchGet).
 	pod *prefetch
+	// line is the exit being handled; event is its Event, posted as the
+	// status patch goes out (eventWithPatch).
+	line  exitline.Line
+	event *prefetch
 }
 
 type prefetch struct {
@@ -148,6 +159,18 @@ func (t *kubeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return replay200(req, p.resp, p.body), nil
 		}
+	}
+	if st != nil && t.v.eventWithPatch && kind == "PATCH pods/status" {
+		if err := t.postWithPatch(req, st); err != nil {
+			return nil, err
+		}
+	}
+	if st != nil && t.v.eventWithPatch && kind == "POST events" && st.event != nil {
+		<-st.event.done
+		if st.event.err != nil {
+			return nil, st.event.err
+		}
+		return replay200(req, st.event.resp, st.event.body), nil
 	}
 	if st != nil && t.v.asyncEvent && kind == "POST events" {
 		return t.postLater(req, kind, st)
@@ -232,6 +255,82 @@ func created(req *http.Request) (*http.Response, error) {
 		ContentLength: int64(len(body)),
 		Request:       req,
 	}, nil
+}
+
+// postWithPatch posts the exit's Event as the status patch goes out, built
+// the way the status writer builds it (name, involved object, reason,
+// message) from the patch's preconditions and status; the writer's own post
+// that follows the patch then gets this one's answer.
+func (t *kubeTransport) postWithPatch(patch *http.Request, st *exitState) error {
+	body, err := io.ReadAll(patch.Body)
+	if err != nil {
+		return err
+	}
+	patch.Body.Close()
+	patch.Body = io.NopCloser(bytes.NewReader(body))
+	var sent struct {
+		Metadata struct {
+			UID             types.UID `json:"uid"`
+			ResourceVersion string    `json:"resourceVersion"`
+		} `json:"metadata"`
+		Status struct {
+			Phase corev1.PodPhase `json:"phase"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal(body, &sent); err != nil {
+		return err
+	}
+	l := st.line
+	sum := sha256.Sum256([]byte(string(sent.Metadata.UID) + "/" + fmt.Sprintf("exit/%d", l.RestartCount)))
+	now := metav1.NewTime(time.Now())
+	kind := corev1.EventTypeNormal
+	if l.ExitCode != 0 || l.OOMKilled {
+		kind = corev1.EventTypeWarning
+	}
+	ev, err := json.Marshal(&corev1.Event{
+		TypeMeta:   metav1.TypeMeta{Kind: "Event", APIVersion: "v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: l.PodName + "." + hex.EncodeToString(sum[:8]), Namespace: l.PodNamespace},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: l.PodNamespace, Name: l.PodName,
+			UID: sent.Metadata.UID, ResourceVersion: sent.Metadata.ResourceVersion},
+		Reason: "ContainerExited",
+		Message: fmt.Sprintf("container %s exited with code %d on instance %s; pod is %s",
+			l.Container, l.ExitCode, l.InstanceID, sent.Status.Phase),
+		Type:                kind,
+		Source:              corev1.EventSource{Component: "reaper"},
+		ReportingController: "reaper.io/reaper",
+		ReportingInstance:   l.InstanceID,
+		FirstTimestamp:      now,
+		LastTimestamp:       now,
+		Count:               1,
+	})
+	if err != nil {
+		return err
+	}
+	u := *patch.URL
+	u.Path = "/api/v1/namespaces/" + l.PodNamespace + "/events"
+	post, err := http.NewRequestWithContext(context.WithoutCancel(patch.Context()), http.MethodPost, u.String(), bytes.NewReader(ev))
+	if err != nil {
+		return err
+	}
+	post.Header = patch.Header.Clone()
+	post.Header.Set("Content-Type", "application/json")
+	p := &prefetch{done: make(chan struct{})}
+	st.event = p
+	st.events.Go(func() {
+		defer close(p.done)
+		resp, err := t.send(post, "POST events")
+		if err != nil {
+			p.err = err
+			return
+		}
+		p.body, p.err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		p.resp = resp
+		if p.err == nil && resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusConflict {
+			p.err = fmt.Errorf("post event: HTTP %d: %s", resp.StatusCode, p.body)
+		}
+	})
+	return nil
 }
 
 func replay200(req *http.Request, resp *http.Response, body []byte) *http.Response {

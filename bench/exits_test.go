@@ -73,22 +73,29 @@ var proposals = []variant{
 	// The Event is posted in the background once the patch succeeded and
 	// joined before the handler returns.
 	{name: "async-event", asyncEvent: true},
-	// No Event: its reason and message folded into the status patch.
+	// The Event is posted as the status patch goes out (its content is
+	// known before the patch) instead of after it.
+	{name: "event-with-patch", eventWithPatch: true},
+	// No Event round trip (the client still builds it): what folding its
+	// reason and message into the status patch would save.
 	{name: "no-event", noEvent: true},
 	// No tag lookup before TerminateInstances.
 	{name: "no-describe", noDescribe: true},
-	// No mark-done write (what it costs; see REPORT.md for why it stays).
+	// No mark-done write: what moving it to the state-change path would
+	// save on the exit path (REPORT.md says what it costs there).
 	{name: "no-markdone", noMarkDone: true},
-	// The three proposals together.
+	// prefetch-get, async-event and no-describe together.
 	{name: "combined", prefetchGet: true, asyncEvent: true, noDescribe: true},
 	// Everything off the exit path but the Pod GET, overlapped with the
 	// exit record write: the closest a handler that reads the Pod can get
 	// to the floor.
 	{name: "minimal", prefetchGet: true, noEvent: true, noDescribe: true, noMarkDone: true},
+	// The same keeping the Event, posted with the status patch.
+	{name: "minimal-with-event", prefetchGet: true, eventWithPatch: true, noDescribe: true, noMarkDone: true},
 }
 
 // proposalsEnv enables BenchmarkProposals and BenchmarkRTT, which take
-// several minutes more.
+// about 20 minutes more.
 const proposalsEnv = "REAPER_BENCH_PROPOSALS"
 
 // BenchmarkProposals runs the handler variants (set REAPER_BENCH_PROPOSALS=1).
@@ -126,13 +133,14 @@ func BenchmarkRTT(b *testing.B) {
 
 // variant changes the handler's calls for a measurement.
 type variant struct {
-	name        string
-	prefetchGet bool
-	asyncEvent  bool
-	noEvent     bool
-	noDescribe  bool
-	noMarkDone  bool
-	rtt         time.Duration
+	name           string
+	prefetchGet    bool
+	asyncEvent     bool
+	eventWithPatch bool
+	noEvent        bool
+	noDescribe     bool
+	noMarkDone     bool
+	rtt            time.Duration
 }
 
 type path int
@@ -261,9 +269,13 @@ func (sb *sandbox) handle(ctx context.Context, p *pass, i int, v variant) error 
 		return err
 	}
 	var early func(context.Context, exitline.Batch)
-	if v.prefetchGet {
+	if v.prefetchGet || v.eventWithPatch {
 		early = func(ctx context.Context, batch exitline.Batch) {
 			l := batch.Lines[len(batch.Lines)-1]
+			st.line = l
+			if !v.prefetchGet {
+				return
+			}
 			st.pod = &prefetch{path: "/api/v1/namespaces/" + l.PodNamespace + "/pods/" + l.PodName, done: make(chan struct{})}
 			st.events.Go(func() {
 				// The answer (or error) reaches the status writer's GET

@@ -97,7 +97,13 @@ func startWorld() (*world, error) {
 	}
 	// The sandboxes are wired from the environment like app.New does, so
 	// this process gets the environment the bootstrap gets under the
-	// emulator, with no shared AWS config files.
+	// emulator, with no shared AWS config files and no other AWS_*
+	// settings (an AWS_CA_BUNDLE, say, would be parsed at every wiring).
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "AWS_") {
+			os.Unsetenv(k)
+		}
+	}
 	env := append(stack.Env(), "REAPER_TABLE="+table,
 		"AWS_CONFIG_FILE="+filepath.Join(dir, "aws-config"),
 		"AWS_SHARED_CREDENTIALS_FILE="+filepath.Join(dir, "aws-credentials"))
