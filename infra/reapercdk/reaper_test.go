@@ -151,6 +151,7 @@ func TestFunctions(t *testing.T) {
 						"REAPER_TERMINATE_STOPPED": "true",
 						"REAPER_DRY_RUN":           "false",
 						"REAPER_LOG_LEVEL":         "info",
+						"GOGC":                     "400",
 					}},
 					"ReservedConcurrentExecutions": assertions.Match_Absent(),
 					"VpcConfig":                    assertions.Match_Absent(),
