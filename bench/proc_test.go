@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"github.com/reaper-k8s/reaper/internal/localstack"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -30,7 +31,7 @@ func sampleCPU() cpuSample {
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		s.by["bench"] = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
-	for _, pid := range childPIDs(os.Getpid()) {
+	for _, pid := range localstack.ChildPIDs(os.Getpid()) {
 		comm, cpu, ok := procCPU(pid)
 		if !ok {
 			continue
@@ -95,24 +96,6 @@ func procCPU(pid int) (string, time.Duration, bool) {
 	utime, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	return comm, time.Duration(utime+stime) * clockTick, true
-}
-
-// childPIDs lists the direct children of pid.
-func childPIDs(pid int) []int {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	var out []int
-	for _, t := range tasks {
-		b, err := os.ReadFile(t)
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if n, err := strconv.Atoi(f); err == nil {
-				out = append(out, n)
-			}
-		}
-	}
-	return out
 }
 
 // procMemory reads a process's peak and current resident set size.

@@ -219,7 +219,7 @@ func (f *Function) kill() {
 	// The emulator starts the bootstrap in a process group of its own, so
 	// killing the emulator's group does not reach it: find it among the
 	// emulator's children first.
-	children := childPIDs(f.proc.cmd.Process.Pid)
+	children := ChildPIDs(f.proc.cmd.Process.Pid)
 	f.proc.stop()
 	killGroups(children)
 }

@@ -16,8 +16,9 @@ func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
 
-// childPIDs lists the direct children of pid.
-func childPIDs(pid int) []int {
+// ChildPIDs lists the direct children of pid (the benchmarks use it to
+// find the processes whose CPU and memory they report).
+func ChildPIDs(pid int) []int {
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	var out []int
 	for _, t := range tasks {
