@@ -3,11 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -17,14 +12,7 @@ import (
 
 	awsmw "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	smithymw "github.com/aws/smithy-go/middleware"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/reaper-k8s/reaper/pkg/exitline"
 )
-
-var metaGet = metav1.GetOptions{}
 
 // calls counts every outside request the sandboxes send, by kind
 // ("DynamoDB UpdateItem", "kube PATCH pods/status", ...), with the time it
@@ -87,52 +75,8 @@ func countAWS(v variant) func(*smithymw.Stack) error {
 	}
 }
 
-// exitState is carried in the context of one exit, for the variants that
-// move apiserver calls around.
-type exitState struct {
-	// events are requests the variants left in flight (the early Pod
-	// GET, Event posts); the exit is done when they are.
-	events sync.WaitGroup
-	mu     sync.Mutex
-	errs   []error
-	// pod is the Pod GET issued early (prefetchGet).
-	pod *prefetch
-	// line is the exit being handled; event is its Event, posted as the
-	// status patch goes out (eventWithPatch).
-	line  exitline.Line
-	event *prefetch
-}
-
-type prefetch struct {
-	path string
-	done chan struct{}
-	used bool
-	resp *http.Response // body already read into body
-	body []byte
-	err  error
-}
-
-type ctxKey int
-
-const (
-	exitKey ctxKey = iota
-	prefetchKey
-)
-
-func withExit(ctx context.Context, st *exitState) context.Context {
-	return context.WithValue(ctx, exitKey, st)
-}
-
-// wait joins what the exit left in flight and returns its errors.
-func (st *exitState) wait() error {
-	st.events.Wait()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return errors.Join(st.errs...)
-}
-
 // kubeTransport counts apiserver requests by verb and resource, adds the
-// variant's RTT, and carries out the variants that move calls around.
+// variant's RTT and answers the Event posts of the no-event variant.
 type kubeTransport struct {
 	next http.RoundTripper
 	v    variant
@@ -140,42 +84,7 @@ type kubeTransport struct {
 
 func (t *kubeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	kind := kubeKind(req)
-	st, _ := req.Context().Value(exitKey).(*exitState)
-	if st != nil && t.v.prefetchGet && kind == "GET pods" {
-		if req.Context().Value(prefetchKey) != nil {
-			return t.fetchEarly(req, kind, st.pod)
-		}
-		st.mu.Lock()
-		p := st.pod
-		served := p != nil && !p.used && p.path == req.URL.Path
-		if served {
-			p.used = true
-		}
-		st.mu.Unlock()
-		if served {
-			<-p.done
-			if p.err != nil {
-				return nil, p.err
-			}
-			return replay200(req, p.resp, p.body), nil
-		}
-	}
-	if st != nil && t.v.eventWithPatch && kind == "PATCH pods/status" {
-		if err := t.postWithPatch(req, st); err != nil {
-			return nil, err
-		}
-	}
-	if st != nil && t.v.eventWithPatch && kind == "POST events" && st.event != nil {
-		<-st.event.done
-		if st.event.err != nil {
-			return nil, st.event.err
-		}
-		return replay200(req, st.event.resp, st.event.body), nil
-	}
-	if st != nil && t.v.asyncEvent && kind == "POST events" {
-		return t.postLater(req, kind, st)
-	}
-	if st != nil && t.v.noEvent && kind == "POST events" {
+	if t.v.noEvent && kind == "POST events" {
 		return created(req)
 	}
 	return t.send(req, kind)
@@ -189,55 +98,6 @@ func (t *kubeTransport) send(req *http.Request, kind string) (*http.Response, er
 	resp, err := t.next.RoundTrip(req)
 	calls.add("kube "+kind, time.Since(start))
 	return resp, err
-}
-
-// fetchEarly sends the early Pod GET and keeps its answer for the GET the
-// status writer will make.
-func (t *kubeTransport) fetchEarly(req *http.Request, kind string, p *prefetch) (*http.Response, error) {
-	defer close(p.done)
-	resp, err := t.send(req, kind)
-	if err != nil {
-		p.err = err
-		return nil, err
-	}
-	p.body, p.err = io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if p.err != nil {
-		return nil, p.err
-	}
-	p.resp = resp
-	return replay200(req, resp, p.body), nil
-}
-
-// postLater answers an Event post at once and sends it in the background;
-// the exit waits for it before it returns (exitState.wait), as a handler
-// must before Lambda freezes it.
-func (t *kubeTransport) postLater(req *http.Request, kind string, st *exitState) (*http.Response, error) {
-	body, err := io.ReadAll(req.Body)
-	if err != nil {
-		return nil, err
-	}
-	req.Body.Close()
-	later := req.Clone(context.WithoutCancel(req.Context()))
-	later.Body = io.NopCloser(bytes.NewReader(body))
-	later.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	st.events.Go(func() {
-		resp, err := t.send(later, kind)
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusConflict {
-				err = fmt.Errorf("post event: HTTP %d", resp.StatusCode)
-			}
-		}
-		if err != nil {
-			st.mu.Lock()
-			st.errs = append(st.errs, err)
-			st.mu.Unlock()
-		}
-	})
-	req.Body = io.NopCloser(bytes.NewReader(body))
-	return created(req)
 }
 
 // created answers a create request inside the process: 201 with the object
@@ -255,92 +115,6 @@ func created(req *http.Request) (*http.Response, error) {
 		ContentLength: int64(len(body)),
 		Request:       req,
 	}, nil
-}
-
-// postWithPatch posts the exit's Event as the status patch goes out, built
-// the way the status writer builds it (name, involved object, reason,
-// message) from the patch's preconditions and status; the writer's own post
-// that follows the patch then gets this one's answer.
-func (t *kubeTransport) postWithPatch(patch *http.Request, st *exitState) error {
-	body, err := io.ReadAll(patch.Body)
-	if err != nil {
-		return err
-	}
-	patch.Body.Close()
-	patch.Body = io.NopCloser(bytes.NewReader(body))
-	var sent struct {
-		Metadata struct {
-			UID             types.UID `json:"uid"`
-			ResourceVersion string    `json:"resourceVersion"`
-		} `json:"metadata"`
-		Status struct {
-			Phase corev1.PodPhase `json:"phase"`
-		} `json:"status"`
-	}
-	if err := json.Unmarshal(body, &sent); err != nil {
-		return err
-	}
-	l := st.line
-	sum := sha256.Sum256([]byte(string(sent.Metadata.UID) + "/" + fmt.Sprintf("exit/%d", l.RestartCount)))
-	now := metav1.NewTime(time.Now())
-	kind := corev1.EventTypeNormal
-	if l.ExitCode != 0 || l.OOMKilled {
-		kind = corev1.EventTypeWarning
-	}
-	ev, err := json.Marshal(&corev1.Event{
-		TypeMeta:   metav1.TypeMeta{Kind: "Event", APIVersion: "v1"},
-		ObjectMeta: metav1.ObjectMeta{Name: l.PodName + "." + hex.EncodeToString(sum[:8]), Namespace: l.PodNamespace},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: l.PodNamespace, Name: l.PodName,
-			UID: sent.Metadata.UID, ResourceVersion: sent.Metadata.ResourceVersion},
-		Reason: "ContainerExited",
-		Message: fmt.Sprintf("container %s exited with code %d on instance %s; pod is %s",
-			l.Container, l.ExitCode, l.InstanceID, sent.Status.Phase),
-		Type:                kind,
-		Source:              corev1.EventSource{Component: "reaper"},
-		ReportingController: "reaper.io/reaper",
-		ReportingInstance:   l.InstanceID,
-		FirstTimestamp:      now,
-		LastTimestamp:       now,
-		Count:               1,
-	})
-	if err != nil {
-		return err
-	}
-	u := *patch.URL
-	u.Path = "/api/v1/namespaces/" + l.PodNamespace + "/events"
-	post, err := http.NewRequestWithContext(context.WithoutCancel(patch.Context()), http.MethodPost, u.String(), bytes.NewReader(ev))
-	if err != nil {
-		return err
-	}
-	post.Header = patch.Header.Clone()
-	post.Header.Set("Content-Type", "application/json")
-	p := &prefetch{done: make(chan struct{})}
-	st.event = p
-	st.events.Go(func() {
-		defer close(p.done)
-		resp, err := t.send(post, "POST events")
-		if err != nil {
-			p.err = err
-			return
-		}
-		p.body, p.err = io.ReadAll(resp.Body)
-		resp.Body.Close()
-		p.resp = resp
-		if p.err == nil && resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusConflict {
-			p.err = fmt.Errorf("post event: HTTP %d: %s", resp.StatusCode, p.body)
-		}
-	})
-	return nil
-}
-
-func replay200(req *http.Request, resp *http.Response, body []byte) *http.Response {
-	return &http.Response{
-		Status: resp.Status, StatusCode: resp.StatusCode, Proto: resp.Proto, ProtoMajor: resp.ProtoMajor, ProtoMinor: resp.ProtoMinor,
-		Header:        resp.Header.Clone(),
-		Body:          io.NopCloser(bytes.NewReader(body)),
-		ContentLength: int64(len(body)),
-		Request:       req,
-	}
 }
 
 // kubeKind is "<verb> <resource>[/<subresource>]" of an apiserver request.

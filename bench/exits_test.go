@@ -17,7 +17,6 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
@@ -62,36 +61,24 @@ func BenchmarkFloor(b *testing.B) {
 	}
 }
 
-// proposals are handler variants that measure what REPORT.md proposes.
-// Each changes where or whether one call is made; everything else is the
-// real handler.
+// proposals are handler variants that measure what REPORT.md discusses.
+// Each leaves out one call the handler makes; everything else is the real
+// handler.
 var proposals = []variant{
 	// The handler as it is, measured in the same run as the variants.
 	{name: "baseline"},
-	// The Pod GET goes out with the exit record write instead of after it.
-	{name: "prefetch-get", prefetchGet: true},
-	// The Event is posted in the background once the patch succeeded and
-	// joined before the handler returns.
-	{name: "async-event", asyncEvent: true},
-	// The Event is posted as the status patch goes out (its content is
-	// known before the patch) instead of after it.
-	{name: "event-with-patch", eventWithPatch: true},
 	// No Event round trip (the client still builds it): what folding its
 	// reason and message into the status patch would save.
 	{name: "no-event", noEvent: true},
-	// No tag lookup before TerminateInstances.
+	// No tag lookup: what relying on the IAM policy's tag condition alone
+	// would save.
 	{name: "no-describe", noDescribe: true},
 	// No mark-done write: what moving it to the state-change path would
 	// save on the exit path (REPORT.md says what it costs there).
 	{name: "no-markdone", noMarkDone: true},
-	// prefetch-get, async-event and no-describe together.
-	{name: "combined", prefetchGet: true, asyncEvent: true, noDescribe: true},
-	// Everything off the exit path but the Pod GET, overlapped with the
-	// exit record write: the closest a handler that reads the Pod can get
-	// to the floor.
-	{name: "minimal", prefetchGet: true, noEvent: true, noDescribe: true, noMarkDone: true},
-	// The same keeping the Event, posted with the status patch.
-	{name: "minimal-with-event", prefetchGet: true, eventWithPatch: true, noDescribe: true, noMarkDone: true},
+	// All three: the exit record write with the Pod read beside it, then
+	// the patch and the terminate call, as the floor has them.
+	{name: "minimal", noEvent: true, noDescribe: true, noMarkDone: true},
 }
 
 // proposalsEnv enables BenchmarkProposals and BenchmarkRTT, which take
@@ -133,14 +120,11 @@ func BenchmarkRTT(b *testing.B) {
 
 // variant changes the handler's calls for a measurement.
 type variant struct {
-	name           string
-	prefetchGet    bool
-	asyncEvent     bool
-	eventWithPatch bool
-	noEvent        bool
-	noDescribe     bool
-	noMarkDone     bool
-	rtt            time.Duration
+	name       string
+	noEvent    bool
+	noDescribe bool
+	noMarkDone bool
+	rtt        time.Duration
 }
 
 type path int
@@ -181,7 +165,7 @@ func benchExits(b *testing.B, mode path, v variant, conc int) {
 		stopProfile := startProfile(b)
 		b.StartTimer()
 		start := time.Now()
-		lat, err := drive(ctx, sandboxes, p, mode, v)
+		lat, err := drive(ctx, sandboxes, p, mode)
 		wall := time.Since(start)
 		b.StopTimer()
 		stopProfile()
@@ -219,7 +203,7 @@ func benchExits(b *testing.B, mode path, v variant, conc int) {
 
 // drive hands the pass's payloads to one worker per sandbox and returns
 // each exit's duration.
-func drive(ctx context.Context, sandboxes []*sandbox, p *pass, mode path, v variant) ([]time.Duration, error) {
+func drive(ctx context.Context, sandboxes []*sandbox, p *pass, mode path) ([]time.Duration, error) {
 	lat := make([]time.Duration, len(p.payloads))
 	next := make(chan int)
 	var (
@@ -233,7 +217,7 @@ func drive(ctx context.Context, sandboxes []*sandbox, p *pass, mode path, v vari
 				start := time.Now()
 				var err error
 				if mode == handlerPath {
-					err = sb.handle(ctx, p, i, v)
+					err = sb.handle(ctx, p, i)
 				} else {
 					err = sb.floor(ctx, p, i)
 				}
@@ -259,36 +243,14 @@ func drive(ctx context.Context, sandboxes []*sandbox, p *pass, mode path, v vari
 
 // handle is one invocation of the exitrecorder: the runtime's JSON decode
 // of the payload, then the handler of functions/exitrecorder/main.go.
-func (sb *sandbox) handle(ctx context.Context, p *pass, i int, v variant) error {
+func (sb *sandbox) handle(ctx context.Context, p *pass, i int) error {
 	ctx, cancel := context.WithTimeout(ctx, invocationTimeout)
 	defer cancel()
-	st := &exitState{}
-	ctx = withExit(ctx, st)
 	var ev events.CloudwatchLogsEvent
 	if err := json.Unmarshal(p.payloads[i], &ev); err != nil {
 		return err
 	}
-	var early func(context.Context, exitline.Batch)
-	if v.prefetchGet || v.eventWithPatch {
-		early = func(ctx context.Context, batch exitline.Batch) {
-			l := batch.Lines[len(batch.Lines)-1]
-			st.line = l
-			if !v.prefetchGet {
-				return
-			}
-			st.pod = &prefetch{path: "/api/v1/namespaces/" + l.PodNamespace + "/pods/" + l.PodName, done: make(chan struct{})}
-			st.events.Go(func() {
-				// The answer (or error) reaches the status writer's GET
-				// through the transport; nothing to do with it here.
-				_, _ = sb.kube.CoreV1().RESTClient().Get().Namespace(l.PodNamespace).Resource("pods").Name(l.PodName).
-					DoRaw(context.WithValue(ctx, prefetchKey, true))
-			})
-		}
-	}
-	sum, err := exitrecorder(sb.r, early)(ctx, ev)
-	if werr := st.wait(); werr != nil {
-		err = errors.Join(err, werr)
-	}
+	sum, err := exitrecorder(sb.r)(ctx, ev)
 	if err != nil {
 		return err
 	}
@@ -298,9 +260,8 @@ func (sb *sandbox) handle(ctx context.Context, p *pass, i int, v variant) error 
 	return nil
 }
 
-// exitrecorder is the handler of functions/exitrecorder/main.go. early,
-// when set, runs once the batch is decoded (the prefetch-get proposal).
-func exitrecorder(r *reaper.Reaper, early func(context.Context, exitline.Batch)) func(context.Context, events.CloudwatchLogsEvent) (reaper.ExitSummary, error) {
+// exitrecorder is the handler of functions/exitrecorder/main.go.
+func exitrecorder(r *reaper.Reaper) func(context.Context, events.CloudwatchLogsEvent) (reaper.ExitSummary, error) {
 	return func(ctx context.Context, ev events.CloudwatchLogsEvent) (reaper.ExitSummary, error) {
 		batch, err := exitline.FromLogsEvent(ev)
 		if err != nil {
@@ -309,9 +270,6 @@ func exitrecorder(r *reaper.Reaper, early func(context.Context, exitline.Batch))
 		}
 		if batch.Control {
 			return reaper.ExitSummary{}, nil
-		}
-		if early != nil && len(batch.Lines) > 0 {
-			early(ctx, batch)
 		}
 		return r.HandleExits(ctx, batch)
 	}
@@ -363,8 +321,8 @@ func (sb *sandbox) floor(ctx context.Context, p *pass, i int) error {
 			patchErr = err
 			return
 		}
-		_, patchErr = sb.kube.CoreV1().Pods(ref.Namespace).Patch(ctx, ref.Name, types.StrategicMergePatchType, patch,
-			metav1.PatchOptions{FieldManager: kube.Component}, "status")
+		patchErr = sb.kube.Patch(types.StrategicMergePatchType).Namespace(ref.Namespace).Resource("pods").Name(ref.Name).
+			SubResource("status").Param("fieldManager", kube.Component).Body(patch).Do(ctx).Error()
 	})
 	wg.Go(func() {
 		id := batch.InstanceID

@@ -16,7 +16,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
@@ -142,7 +142,7 @@ func (w *world) warmUp(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := drive(ctx, sandboxes, p, handlerPath, variant{}); err != nil {
+	if _, err := drive(ctx, sandboxes, p, handlerPath); err != nil {
 		return err
 	}
 	return w.cleanup(ctx, p)
@@ -160,7 +160,7 @@ func (w *world) lambdaEnv() []string {
 type sandbox struct {
 	r     *reaper.Reaper
 	table *ledger.Table
-	kube  kubernetes.Interface
+	kube  *rest.RESTClient
 	fleet *instances.Fleet
 }
 
@@ -183,7 +183,7 @@ func (w *world) newSandbox(ctx context.Context, v variant, known knownInstances)
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	rc.Dial = dialer.DialContext
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &kubeTransport{next: rt, v: v} })
-	kc, err := kubernetes.NewForConfig(rc)
+	kc, err := kube.NewClient(rc)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +215,7 @@ func (sb *sandbox) warm(ctx context.Context) error {
 	if _, _, err := sb.table.Get(ctx, "i-00000000"); err != nil {
 		return err
 	}
-	if _, err := sb.kube.CoreV1().Namespaces().Get(ctx, "default", metaGet); err != nil {
+	if err := sb.kube.Get().Resource("namespaces").Name("default").Do(ctx).Error(); err != nil {
 		return err
 	}
 	_, err := sb.fleet.Describe(ctx, []string{"i-00000000"})
@@ -231,24 +231,22 @@ func (noMarkDone) MarkDone(context.Context, string, ledger.Done) error { return 
 // knownInstances answers what the tag lookup would: the fixtures know it.
 type knownInstances func(id string) (instances.Instance, bool)
 
-// taggedFleet terminates without the tag lookup, as a Fleet relying on the
-// IAM policy's tag condition (UnauthorizedOperation for an instance not
-// managed) and TerminateInstances' previous state would.
+// taggedFleet answers the tag lookup from the fixtures, as a Fleet relying
+// on the IAM policy's tag condition (UnauthorizedOperation for an instance
+// not managed) and TerminateInstances' previous state would.
 type taggedFleet struct {
 	*instances.Fleet
 	known knownInstances
 }
 
-func (f taggedFleet) Terminate(ctx context.Context, ids []string, known map[string]instances.Instance) (map[string]instances.Outcome, error) {
-	if known == nil {
-		known = make(map[string]instances.Instance, len(ids))
-		for _, id := range ids {
-			if i, ok := f.known(id); ok {
-				known[id] = i
-			}
+func (f taggedFleet) Describe(_ context.Context, ids []string) (map[string]instances.Instance, error) {
+	out := make(map[string]instances.Instance, len(ids))
+	for _, id := range ids {
+		if i, ok := f.known(id); ok {
+			out[id] = i
 		}
 	}
-	return f.Fleet.Terminate(ctx, ids, known)
+	return out, nil
 }
 
 // newSandboxes builds n sandboxes concurrently.

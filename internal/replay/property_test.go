@@ -137,9 +137,13 @@ func newPropHarness(t *testing.T, sc propScenario) *propHarness {
 		t.Fatal(err)
 	}
 	h.writes = watchWrites(t, kc, h.ns)
+	core, err := kube.NewClient(lab.Stack.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
 	h.core = &reaper.Reaper{
 		Ledger: ledger.New(db, table),
-		Pods:   kube.NewStatusWriter(kc, false),
+		Pods:   kube.NewStatusWriter(core, false),
 		Fleet: instances.NewFleet(ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = new(h.ec2.URL()) }),
 			instances.DefaultTagKeys(), false),
 		Policy: reaper.Policy{ExitWait: propWindow, TerminateStopped: true},

@@ -15,7 +15,6 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/instances"
@@ -65,7 +64,7 @@ func New(ctx context.Context) (*reaper.Reaper, config.Config, error) {
 	if err != nil {
 		return nil, cfg, err
 	}
-	kc, err := kubernetes.NewForConfig(rest)
+	kc, err := kube.NewClient(rest)
 	if err != nil {
 		return nil, cfg, fmt.Errorf("kubernetes client: %w", err)
 	}

@@ -15,7 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/podstatus"
@@ -50,55 +50,117 @@ const maxConflicts = 5
 
 // StatusWriter applies outcomes to Pods.
 type StatusWriter struct {
-	client kubernetes.Interface
+	client rest.Interface
 	dryRun bool
 	now    func() time.Time
 }
 
-// NewStatusWriter returns a writer. With dryRun it reads and decides but
-// changes nothing.
-func NewStatusWriter(client kubernetes.Interface, dryRun bool) *StatusWriter {
+// NewStatusWriter returns a writer over a core/v1 client (NewClient). With
+// dryRun it reads and decides but changes nothing.
+func NewStatusWriter(client rest.Interface, dryRun bool) *StatusWriter {
 	return &StatusWriter{client: client, dryRun: dryRun, now: time.Now}
 }
 
+// Snapshot is one read of the Pod a PodRef names.
+type Snapshot struct {
+	Ref ledger.PodRef
+	// Result is Current when the Pod exists with the ref's UID and has not
+	// ended; otherwise AlreadyTerminal, PodGone or PodReplaced.
+	Result Result
+	pod    *corev1.Pod // set when Current
+}
+
+// Read reads the Pod ref names. A caller that reads ahead, while it does
+// other work, hands the snapshot to Apply, which then saves its own read.
+func (w *StatusWriter) Read(ctx context.Context, ref ledger.PodRef) (Snapshot, error) {
+	snap := Snapshot{Ref: ref}
+	var pod corev1.Pod
+	err := w.client.Get().Namespace(ref.Namespace).Resource("pods").Name(ref.Name).Do(ctx).Into(&pod)
+	switch {
+	case apierrors.IsNotFound(err):
+		snap.Result = PodGone
+	case err != nil:
+		return snap, fmt.Errorf("get pod %s: %w", ref, err)
+	case string(pod.UID) != ref.UID:
+		snap.Result = PodReplaced
+	case podstatus.Terminal(pod.Status.Phase):
+		snap.Result = AlreadyTerminal
+	default:
+		snap.Result, snap.pod = Current, &pod
+	}
+	return snap, nil
+}
+
 // Apply makes the Pod carry the outcome. It never rewrites a Pod that is
-// already Succeeded or Failed: it reads first and patches with the
-// resourceVersion it read, so a Pod that turned terminal in between comes
-// back as a conflict and is read again. The patch also carries the Pod's UID,
-// so a replacement Pod of the same name is never written. An Event on the Pod
-// says what Reaper did.
-func (w *StatusWriter) Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome) (Result, error) {
-	pods := w.client.CoreV1().Pods(ref.Namespace)
+// already Succeeded or Failed: it patches with the resourceVersion it read,
+// so a Pod that changed in between (and may have ended) comes back as a
+// conflict and is read again. The patch also carries the Pod's UID, so a
+// replacement Pod of the same name is never written. An Event on the Pod
+// says what Reaper did. seen, when not nil, is a read of the Pod made
+// earlier (Read); it stands in for the first read.
+func (w *StatusWriter) Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome, seen *Snapshot) (Result, error) {
 	for range maxConflicts {
-		pod, res, err := w.current(ctx, ref)
-		if err != nil || res != Current {
-			return res, err
+		var snap Snapshot
+		if seen != nil && seen.Ref == ref {
+			snap, seen = *seen, nil
+		} else {
+			var err error
+			if snap, err = w.Read(ctx, ref); err != nil {
+				return "", err
+			}
 		}
-		status, ok := podstatus.Build(pod, o, w.now())
+		if snap.Result != Current {
+			return snap.Result, nil
+		}
+		status, ok := podstatus.Build(snap.pod, o, w.now())
 		if !ok {
 			return Current, nil
 		}
 		if w.dryRun {
 			return DryRun, nil
 		}
-		patch, err := statusPatch(pod, status)
-		if err != nil {
-			return "", err
-		}
-		_, err = pods.Patch(ctx, ref.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: Component}, "status")
-		switch {
-		case apierrors.IsConflict(err):
+		res, err := w.write(ctx, snap.pod, o, status)
+		if res == conflict {
 			continue
-		case apierrors.IsNotFound(err):
-			return PodGone, nil
-		case isUIDMismatch(err):
-			return PodReplaced, nil
-		case err != nil:
-			return "", fmt.Errorf("patch pod %s status: %w", ref, err)
 		}
-		return Patched, w.event(ctx, pod, o, status.Phase)
+		return res, err
 	}
 	return "", fmt.Errorf("patch pod %s status: still conflicting after %d attempts", ref, maxConflicts)
+}
+
+// conflict is write's answer when the Pod changed since it was read.
+const conflict Result = "conflict"
+
+// write patches the Pod's status and posts the Event. The Event does not
+// wait for the patch: what it says is known before the patch, and its name
+// is derived from the Pod's UID and the outcome, so the post after a
+// conflicting or failed attempt finds the same Event (AlreadyExists) rather
+// than making a second one. Posting it after the patch would add a round
+// trip to every exit.
+func (w *StatusWriter) write(ctx context.Context, pod *corev1.Pod, o podstatus.Outcome, status corev1.PodStatus) (Result, error) {
+	patch, err := statusPatch(pod, status)
+	if err != nil {
+		return "", err
+	}
+	evErr := make(chan error, 1)
+	go func() { evErr <- w.event(ctx, pod, o, status.Phase) }()
+	err = w.client.Patch(types.StrategicMergePatchType).Namespace(pod.Namespace).Resource("pods").Name(pod.Name).
+		SubResource("status").Param("fieldManager", Component).Body(patch).Do(ctx).Error()
+	switch {
+	case apierrors.IsConflict(err):
+		<-evErr
+		return conflict, nil
+	case apierrors.IsNotFound(err):
+		<-evErr
+		return PodGone, nil
+	case isUIDMismatch(err):
+		<-evErr
+		return PodReplaced, nil
+	case err != nil:
+		<-evErr
+		return "", fmt.Errorf("patch pod %s/%s status: %w", pod.Namespace, pod.Name, err)
+	}
+	return Patched, <-evErr
 }
 
 // statusPatch is a strategic-merge patch of the status with the UID and
@@ -148,7 +210,7 @@ func (w *StatusWriter) event(ctx context.Context, pod *corev1.Pod, o podstatus.O
 		LastTimestamp:       now,
 		Count:               1,
 	}
-	_, err := w.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+	err := w.client.Post().Namespace(pod.Namespace).Resource("events").Body(ev).Do(ctx).Error()
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("post event on pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
@@ -184,29 +246,4 @@ func describe(o podstatus.Outcome, phase corev1.PodPhase) (reason, msg, kind str
 			detail, o.InstanceID, e.RestartCount+1, e.BackoffSeconds), kind
 	}
 	return EventContainerExited, fmt.Sprintf("%s on instance %s; pod is %s", detail, o.InstanceID, phase), kind
-}
-
-// Lookup says whether the Pod an instance was launched for still needs it:
-// Current (it exists and is not terminal), AlreadyTerminal, PodGone or
-// PodReplaced. The sweeper uses it to find orphaned instances.
-func (w *StatusWriter) Lookup(ctx context.Context, ref ledger.PodRef) (Result, error) {
-	_, res, err := w.current(ctx, ref)
-	return res, err
-}
-
-// current reads the Pod and says whether it is still the one ref names and
-// has not ended (Current).
-func (w *StatusWriter) current(ctx context.Context, ref ledger.PodRef) (*corev1.Pod, Result, error) {
-	pod, err := w.client.CoreV1().Pods(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, PodGone, nil
-	case err != nil:
-		return nil, "", fmt.Errorf("get pod %s: %w", ref, err)
-	case string(pod.UID) != ref.UID:
-		return nil, PodReplaced, nil
-	case podstatus.Terminal(pod.Status.Phase):
-		return nil, AlreadyTerminal, nil
-	}
-	return pod, Current, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
@@ -24,6 +26,13 @@ type ExitSummary struct {
 // the ledger before any side effect, so an error returned here (the
 // invocation is retried) loses nothing and the retry redoes only what is
 // missing.
+//
+// While the exits are written, the Pod and (when the workload has ended) the
+// instance are read ahead: the steps need both reads, and making them after
+// the write would put two more round trips on every exit. A read that turns
+// stale in between costs nothing in safety: the status patch is
+// conditional on the Pod's resourceVersion and UID, and terminating an
+// instance that has gone meanwhile answers that it is gone.
 func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary, error) {
 	sum := ExitSummary{InstanceID: b.InstanceID, Lines: len(b.Lines) + len(b.Rejected), Rejected: len(b.Rejected)}
 	for _, rej := range b.Rejected {
@@ -34,6 +43,7 @@ func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary
 		return sum, nil
 	}
 
+	seen := r.readAhead(ctx, b)
 	var (
 		rec ledger.Record
 		err error
@@ -52,9 +62,37 @@ func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary
 		}
 		sum.Recorded++
 	}
-	rep, err := r.Reconcile(ctx, rec, nil)
+	rep, err := r.Reconcile(ctx, rec, seen())
 	sum.PodResult, sum.Terminate = string(rep.PodResult), string(rep.TerminateResult)
 	return sum, err
+}
+
+// readAhead starts the reads the batch's steps will need and returns a
+// function that waits for them. A read that fails is left out; the step
+// then reads for itself and reports the error.
+func (r *Reaper) readAhead(ctx context.Context, b exitline.Batch) func() Seen {
+	last := b.Lines[len(b.Lines)-1]
+	ref, _ := fromLine(last)
+	var (
+		wg   sync.WaitGroup
+		seen Seen
+	)
+	wg.Go(func() {
+		if snap, err := r.Pods.Read(ctx, ref); err == nil {
+			seen.Pod = &snap
+		}
+	})
+	if slices.ContainsFunc(b.Lines, func(l exitline.Line) bool { return !l.WillRestart }) {
+		wg.Go(func() {
+			if found, err := r.Fleet.Describe(ctx, []string{b.InstanceID}); err == nil {
+				seen.Instances = found
+			}
+		})
+	}
+	return func() Seen {
+		wg.Wait()
+		return seen
+	}
 }
 
 // dryRecord is RecordExit without the write: the record as it would stand.

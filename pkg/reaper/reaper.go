@@ -24,10 +24,10 @@ type Ledger interface {
 	GetMany(ctx context.Context, ids []string) (map[string]ledger.Record, error)
 }
 
-// Pods writes Pod status (package kube).
+// Pods reads Pods and writes their status (package kube).
 type Pods interface {
-	Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome) (kube.Result, error)
-	Lookup(ctx context.Context, ref ledger.PodRef) (kube.Result, error)
+	Read(ctx context.Context, ref ledger.PodRef) (kube.Snapshot, error)
+	Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome, seen *kube.Snapshot) (kube.Result, error)
 }
 
 // Fleet reads and terminates EC2 instances (package instances).
@@ -59,12 +59,20 @@ type Report struct {
 	TerminateResult instances.Outcome
 }
 
+// Seen is what a handler has already read of the outside systems; the steps
+// use it instead of reading again.
+type Seen struct {
+	// Instances, when not nil, are the instances as just described.
+	Instances map[string]instances.Instance
+	// Pod, when not nil, is a read of the record's Pod.
+	Pod *kube.Snapshot
+}
+
 // Reconcile decides and carries out the plan for one record. The Pod step
 // and the terminate step run concurrently and independently: a Kubernetes
 // outage must not keep an instance billing, and a failed terminate must not
 // hide the exit. Both done steps are then marked in one ledger write.
-// known, when not nil, is the instance as just described (saves a lookup).
-func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, known map[string]instances.Instance) (Report, error) {
+func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, seen Seen) (Report, error) {
 	plan := Decide(rec, r.Now(), r.Policy)
 	rep := Report{InstanceID: rec.InstanceID, Plan: plan}
 	var (
@@ -75,13 +83,13 @@ func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, known map[str
 		if rec.Pod.UID == "" {
 			podErr = fmt.Errorf("instance %s: no Pod known for it (no exit line and no pod tags)", rec.InstanceID)
 		} else {
-			wg.Go(func() { rep.PodResult, podErr = r.Pods.Apply(ctx, rec.Pod, *plan.Pod) })
+			wg.Go(func() { rep.PodResult, podErr = r.Pods.Apply(ctx, rec.Pod, *plan.Pod, seen.Pod) })
 		}
 	}
 	if plan.Terminate {
 		wg.Go(func() {
 			var out map[string]instances.Outcome
-			out, termErr = r.Fleet.Terminate(ctx, []string{rec.InstanceID}, known)
+			out, termErr = r.Fleet.Terminate(ctx, []string{rec.InstanceID}, seen.Instances)
 			rep.TerminateResult = out[rec.InstanceID]
 		})
 	}

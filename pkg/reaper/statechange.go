@@ -63,7 +63,7 @@ func (r *Reaper) HandleStateChange(ctx context.Context, m statechange.Message) (
 	if !sc.Gone {
 		return sum, nil // recorded for latency figures only
 	}
-	rep, err := r.Reconcile(ctx, rec, found)
+	rep, err := r.Reconcile(ctx, rec, Seen{Instances: found})
 	sum.PodResult, sum.Terminate = string(rep.PodResult), string(rep.TerminateResult)
 	if !rep.Plan.WaitUntil.IsZero() {
 		sum.WaitUntil = rep.Plan.WaitUntil.UTC().Format("2006-01-02T15:04:05Z")

@@ -127,7 +127,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	}
 	var mu sync.Mutex
 	errs = append(errs, forEach(ctx, work, func(rec ledger.Record) error {
-		rep, err := r.Reconcile(ctx, rec, known)
+		rep, err := r.Reconcile(ctx, rec, Seen{Instances: known})
 		mu.Lock()
 		defer mu.Unlock()
 		sum.Reconciled++
@@ -223,15 +223,15 @@ func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Insta
 		if inst.Pod.UID == "" {
 			return fmt.Errorf("managed instance %s has no pod tags", inst.ID)
 		}
-		res, err := r.Pods.Lookup(ctx, inst.Pod)
+		pod, err := r.Pods.Read(ctx, inst.Pod)
 		if err != nil {
 			return err
 		}
-		if res == kube.Current {
+		if pod.Result == kube.Current {
 			return nil
 		}
 		r.Log.LogAttrs(ctx, slog.LevelWarn, "orphaned instance", slog.String("instance", inst.ID),
-			slog.String("pod", inst.Pod.String()), slog.String("pod state", string(res)))
+			slog.String("pod", inst.Pod.String()), slog.String("pod state", string(pod.Result)))
 		mu.Lock()
 		ids = append(ids, inst.ID)
 		mu.Unlock()
