@@ -103,6 +103,32 @@ func TestDescribeWithTagFilter(t *testing.T) {
 		t.Fatalf("tag-key filter: got %d reservations", len(out.Reservations))
 	}
 
+	// instance-id values that exist nowhere just match nothing (unlike
+	// InstanceIds); repeated and wildcard values behave as EC2's.
+	for _, tc := range []struct {
+		values []string
+		want   []string
+	}{
+		{[]string{b.ID, "i-0000000000000dead", a.ID, b.ID}, []string{a.ID, b.ID}},
+		{[]string{"i-0000000000000dead"}, nil},
+		{[]string{a.ID[:len(a.ID)-1] + "?"}, []string{a.ID}},
+	} {
+		out, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
+			{Name: aws.String("instance-id"), Values: tc.values},
+			{Name: aws.String("tag:reaper.io/managed"), Values: []string{"true"}},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range out.Reservations {
+			got = append(got, ids(r.Instances)...)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("instance-id %v: got %v, want %v", tc.values, got, tc.want)
+		}
+	}
+
 	_, err = client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
 		{Name: aws.String("no-such-filter"), Values: []string{"x"}},
 	}})
