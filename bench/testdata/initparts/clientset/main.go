@@ -1,6 +1,6 @@
-// Command clientset is the hello-world bootstrap linking what the
-// exitrecorder links for Kubernetes: client-go's typed clientset, every API
-// group's client and scheme (BenchmarkInitParts).
+// Command clientset is the hello-world bootstrap linking client-go's typed
+// clientset, every API group's client and scheme: what the exitrecorder
+// would link instead of its core/v1 REST client (BenchmarkInitParts).
 package main
 
 import (
