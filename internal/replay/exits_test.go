@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -70,6 +71,25 @@ func terminateCalls(id string) int {
 	n := 0
 	for _, c := range lab.Stack.EC2.Calls() {
 		if c.Action == "TerminateInstances" && c.ErrorCode == "" && slices.Contains(c.InstanceIDs, id) {
+			n++
+		}
+	}
+	return n
+}
+
+// lookups counts the DescribeInstances calls that named id, by InstanceIds
+// or by a filter value.
+func lookups(id string) int {
+	n := 0
+	for _, c := range lab.Stack.EC2.Calls() {
+		if c.Action != "DescribeInstances" {
+			continue
+		}
+		named := slices.Contains(c.InstanceIDs, id)
+		for k, v := range c.Params {
+			named = named || (strings.HasPrefix(k, "Filter.") && slices.Contains(v, id))
+		}
+		if named {
 			n++
 		}
 	}
@@ -161,8 +181,14 @@ func TestDuplicateDelivery(t *testing.T) {
 	}
 	pod := getPod(t, "jobs", "job-duplicate")
 	wantEnded(t, pod, corev1.PodSucceeded, 0, "Completed")
-	if n := terminateCalls(sc.Instances["job-duplicate"]); n != 1 {
+	id := sc.Instances["job-duplicate"]
+	if n := terminateCalls(id); n != 1 {
 		t.Fatalf("terminated %d times", n)
+	}
+	// One tag lookup per delivery, made while the exit is written; the
+	// terminate step uses it rather than looking again.
+	if n := lookups(id); n != 3 {
+		t.Fatalf("%d tag lookups for 3 deliveries", n)
 	}
 }
 
@@ -274,6 +300,9 @@ func TestRestartsKeepPodRunning(t *testing.T) {
 	id := sc.Instances["web"]
 	if terminateCalls(id) != 0 || instanceState(t, id) != ec2server.Running {
 		t.Fatal("instance of a restarting pod was terminated")
+	}
+	if n := lookups(id); n != 0 {
+		t.Fatalf("%d tag lookups for exits that keep the instance", n)
 	}
 }
 

@@ -43,7 +43,7 @@ func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary
 		return sum, nil
 	}
 
-	seen := r.readAhead(ctx, b)
+	readAhead := r.readAhead(ctx, b)
 	var (
 		rec ledger.Record
 		err error
@@ -57,12 +57,13 @@ func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary
 		}
 		if err != nil {
 			// Nothing after this line was recorded: fail so the batch is
-			// delivered again.
+			// delivered again. The reads end with the invocation.
+			readAhead()
 			return sum, fmt.Errorf("record exit of %s: %w", b.InstanceID, err)
 		}
 		sum.Recorded++
 	}
-	rep, err := r.Reconcile(ctx, rec, seen())
+	rep, err := r.Reconcile(ctx, rec, readAhead())
 	sum.PodResult, sum.Terminate = string(rep.PodResult), string(rep.TerminateResult)
 	return sum, err
 }
