@@ -242,7 +242,7 @@ func drive(ctx context.Context, sandboxes []*sandbox, p *pass, mode path) ([]tim
 }
 
 // handle is one invocation of the exitrecorder: the runtime's JSON decode
-// of the payload, then the handler of functions/exitrecorder/main.go.
+// of the payload, then the handler functions/exitrecorder/main.go starts.
 func (sb *sandbox) handle(ctx context.Context, p *pass, i int) error {
 	ctx, cancel := context.WithTimeout(ctx, invocationTimeout)
 	defer cancel()
@@ -250,7 +250,7 @@ func (sb *sandbox) handle(ctx context.Context, p *pass, i int) error {
 	if err := json.Unmarshal(p.payloads[i], &ev); err != nil {
 		return err
 	}
-	sum, err := exitrecorder(sb.r)(ctx, ev)
+	sum, err := sb.r.HandleLogsEvent(ctx, ev)
 	if err != nil {
 		return err
 	}
@@ -258,21 +258,6 @@ func (sb *sandbox) handle(ctx context.Context, p *pass, i int) error {
 		return fmt.Errorf("summary %+v", sum)
 	}
 	return nil
-}
-
-// exitrecorder is the handler of functions/exitrecorder/main.go.
-func exitrecorder(r *reaper.Reaper) func(context.Context, events.CloudwatchLogsEvent) (reaper.ExitSummary, error) {
-	return func(ctx context.Context, ev events.CloudwatchLogsEvent) (reaper.ExitSummary, error) {
-		batch, err := exitline.FromLogsEvent(ev)
-		if err != nil {
-			r.Log.ErrorContext(ctx, "payload rejected", "error", err)
-			return reaper.ExitSummary{Rejected: 1}, nil
-		}
-		if batch.Control {
-			return reaper.ExitSummary{}, nil
-		}
-		return r.HandleExits(ctx, batch)
-	}
 }
 
 // floor is one exit with only the unavoidable calls: the exit record, then
@@ -291,14 +276,8 @@ func (sb *sandbox) floor(ctx context.Context, p *pass, i int) error {
 	if len(batch.Lines) != 1 {
 		return fmt.Errorf("%d lines", len(batch.Lines))
 	}
-	l := batch.Lines[0]
-	ref := ledger.PodRef{Namespace: l.PodNamespace, Name: l.PodName, UID: l.PodUID}
-	rec, err := sb.table.RecordExit(ctx, batch.InstanceID, ref, ledger.Exit{
-		Container: l.Container, ContainerID: l.ContainerID, ExitCode: l.ExitCode, OOMKilled: l.OOMKilled,
-		Signal: l.Signal, Error: l.Error, StartedAt: l.StartedAt, FinishedAt: l.FinishedAt,
-		RestartCount: l.RestartCount, RuntimeRestarted: l.RuntimeRestarted, WillRestart: l.WillRestart,
-		BackoffSeconds: l.BackoffSeconds,
-	})
+	ref, exit := reaper.FromLine(batch.Lines[0])
+	rec, err := sb.table.RecordExit(ctx, batch.InstanceID, ref, exit)
 	if err != nil {
 		return err
 	}

@@ -6,12 +6,9 @@ package main
 import (
 	"context"
 
-	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/reaper-k8s/reaper/pkg/app"
-	"github.com/reaper-k8s/reaper/pkg/exitline"
-	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
 func main() {
@@ -19,17 +16,5 @@ func main() {
 	if err != nil {
 		app.Fatal(err)
 	}
-	lambda.Start(func(ctx context.Context, ev events.CloudwatchLogsEvent) (reaper.ExitSummary, error) {
-		batch, err := exitline.FromLogsEvent(ev)
-		if err != nil {
-			// A payload that cannot be decoded or attributed will not decode
-			// better on a retry: log it and count it, do not fail.
-			r.Log.ErrorContext(ctx, "payload rejected", "error", err)
-			return reaper.ExitSummary{Rejected: 1}, nil
-		}
-		if batch.Control {
-			return reaper.ExitSummary{}, nil
-		}
-		return r.HandleExits(ctx, batch)
-	})
+	lambda.Start(r.HandleLogsEvent)
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/aws/aws-lambda-go/events"
+
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 )
@@ -19,6 +21,22 @@ type ExitSummary struct {
 	Rejected   int    `json:"rejected"`
 	PodResult  string `json:"podResult,omitempty"`
 	Terminate  string `json:"terminate,omitempty"`
+}
+
+// HandleLogsEvent is the exitrecorder's handler: one CloudWatch Logs
+// subscription payload, the lines of one instance.
+func (r *Reaper) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEvent) (ExitSummary, error) {
+	batch, err := exitline.FromLogsEvent(ev)
+	if err != nil {
+		// A payload that cannot be decoded or attributed will not decode
+		// better on a retry: log it and count it, do not fail.
+		r.Log.ErrorContext(ctx, "payload rejected", "error", err)
+		return ExitSummary{Rejected: 1}, nil
+	}
+	if batch.Control {
+		return ExitSummary{}, nil
+	}
+	return r.HandleExits(ctx, batch)
 }
 
 // HandleExits records a batch's exit lines and reconciles the instance. Bad
@@ -49,7 +67,7 @@ func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary
 		err error
 	)
 	for _, l := range b.Lines {
-		pod, exit := fromLine(l)
+		pod, exit := FromLine(l)
 		if r.DryRun {
 			rec, err = r.dryRecord(ctx, b.InstanceID, pod, exit)
 		} else {
@@ -73,7 +91,7 @@ func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary
 // then reads for itself and reports the error.
 func (r *Reaper) readAhead(ctx context.Context, b exitline.Batch) func() Seen {
 	last := b.Lines[len(b.Lines)-1]
-	ref, _ := fromLine(last)
+	ref, _ := FromLine(last)
 	var (
 		wg   sync.WaitGroup
 		seen Seen
@@ -108,7 +126,9 @@ func (r *Reaper) dryRecord(ctx context.Context, id string, pod ledger.PodRef, ex
 	return rec, nil
 }
 
-func fromLine(l exitline.Line) (ledger.PodRef, ledger.Exit) {
+// FromLine is what the ledger keeps of an exit line: the Pod it names and
+// the exit.
+func FromLine(l exitline.Line) (ledger.PodRef, ledger.Exit) {
 	return ledger.PodRef{Namespace: l.PodNamespace, Name: l.PodName, UID: l.PodUID},
 		ledger.Exit{
 			Container:        l.Container,

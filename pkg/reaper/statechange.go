@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/aws/aws-lambda-go/events"
+
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/statechange"
@@ -19,6 +21,18 @@ type StateSummary struct {
 	Terminate string `json:"terminate,omitempty"`
 	// WaitUntil is when the exit-wait window closes, if it is open.
 	WaitUntil string `json:"waitUntil,omitempty"`
+}
+
+// HandleEC2Event is the statechange function's handler: one EventBridge
+// "EC2 Instance State-change Notification".
+func (r *Reaper) HandleEC2Event(ctx context.Context, ev events.CloudWatchEvent) (StateSummary, error) {
+	m, err := statechange.Parse(ev)
+	if err != nil {
+		// Retrying a malformed event cannot help: log it and count it.
+		r.Log.ErrorContext(ctx, "event rejected", "id", ev.ID, "error", err)
+		return StateSummary{Skipped: "rejected"}, nil
+	}
+	return r.HandleStateChange(ctx, m)
 }
 
 // HandleStateChange records an instance's state change and, for the states
