@@ -142,25 +142,22 @@ func (w *StatusWriter) write(ctx context.Context, pod *corev1.Pod, o podstatus.O
 	if err != nil {
 		return "", err
 	}
-	evErr := make(chan error, 1)
-	go func() { evErr <- w.event(ctx, pod, o, status.Phase) }()
+	posted := make(chan error, 1)
+	go func() { posted <- w.event(ctx, pod, o, status.Phase) }()
 	err = w.client.Patch(types.StrategicMergePatchType).Namespace(pod.Namespace).Resource("pods").Name(pod.Name).
 		SubResource("status").Param("fieldManager", Component).Body(patch).Do(ctx).Error()
+	evErr := <-posted
 	switch {
 	case apierrors.IsConflict(err):
-		<-evErr
 		return conflict, nil
 	case apierrors.IsNotFound(err):
-		<-evErr
 		return PodGone, nil
 	case isUIDMismatch(err):
-		<-evErr
 		return PodReplaced, nil
 	case err != nil:
-		<-evErr
 		return "", fmt.Errorf("patch pod %s/%s status: %w", pod.Namespace, pod.Name, err)
 	}
-	return Patched, <-evErr
+	return Patched, evErr
 }
 
 // statusPatch is a strategic-merge patch of the status with the UID and
