@@ -39,24 +39,19 @@ const coldStarts = 15
 // event) read. The two alternate, so drift hits both alike.
 func BenchmarkInit(b *testing.B) {
 	b.StopTimer()
-	w := getWorld(b)
-	bins := buildBootstraps(b)
-	control, err := controlPayload()
-	if err != nil {
-		b.Fatal(err)
-	}
+	env, bins, control := coldStartSetup(b)
 	fns := []function{
 		{name: "hello", bin: bins["hello"], payload: helloPayload},
 		{name: "exitrecorder", bin: bins["exitrecorder"], payload: control},
 	}
-	medians := coldStartTable(b, fns, coldStarts, initEnv(w))
+	medians := coldStartTable(b, fns, coldStarts, env)
 	ratio := medians["exitrecorder"] / medians["hello"]
 	b.ReportMetric(ratio, "init-ratio")
 	b.Logf("init ratio exitrecorder/hello (medians): %.2f", ratio)
 
 	// Where the package initialisation goes (GODEBUG=inittrace=1).
 	for _, fn := range fns {
-		trace, err := initTrace(context.Background(), fn, initEnv(w))
+		trace, err := initTrace(context.Background(), fn, env)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -75,12 +70,7 @@ const initPartStarts = 9
 // exitrecorder with the default GC.
 func BenchmarkInitParts(b *testing.B) {
 	b.StopTimer()
-	w := getWorld(b)
-	bins := buildBootstraps(b)
-	control, err := controlPayload()
-	if err != nil {
-		b.Fatal(err)
-	}
+	env, bins, control := coldStartSetup(b)
 	fns := []function{
 		{name: "hello", bin: bins["hello"], payload: helloPayload},
 		{name: "hello+aws-sdk", bin: bins["aws"], payload: helloPayload},
@@ -91,7 +81,7 @@ func BenchmarkInitParts(b *testing.B) {
 		{name: "exitrecorder-default-GC", bin: bins["exitrecorder"], payload: control, env: []string{"GOGC=100"}},
 		{name: "exitrecorder", bin: bins["exitrecorder"], payload: control},
 	}
-	coldStartTable(b, fns, initPartStarts, initEnv(w))
+	coldStartTable(b, fns, initPartStarts, env)
 }
 
 // productionGOGC is what infra/reapercdk sets in every function's
@@ -99,11 +89,20 @@ func BenchmarkInitParts(b *testing.B) {
 // default the GC runs several times before the first event.
 const productionGOGC = "GOGC=400"
 
-// initEnv is the environment the cold-start benchmarks give every
-// bootstrap, hello-world included: the functions' environment under the
-// emulator, with the GC setting the construct deploys.
-func initEnv(w *world) []string {
-	return append(w.lambdaEnv(), productionGOGC)
+// coldStartSetup returns what the cold-start benchmarks share: the
+// environment every bootstrap gets, hello-world included (the functions'
+// environment under the emulator, with the GC setting the construct
+// deploys), the built bootstraps, and the exitrecorder's payload (a control
+// message, which makes no calls).
+func coldStartSetup(b *testing.B) (env []string, bins map[string]string, control []byte) {
+	b.Helper()
+	w := getWorld(b)
+	bins = buildBootstraps(b)
+	control, err := controlPayload()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return append(w.lambdaEnv(), productionGOGC), bins, control
 }
 
 var helloPayload = []byte(`{"name":"bench"}`)
