@@ -61,6 +61,65 @@ func BenchmarkFloor(b *testing.B) {
 	}
 }
 
+// pairs is how many handler/floor pairs BenchmarkRatio runs per
+// concurrency.
+const pairs = 3
+
+// BenchmarkRatio measures the handler against the floor in alternating
+// passes on the same sandboxes: handler then floor, floor then handler, and
+// so on. The machine's speed drifts from minute to minute (up to 40% at
+// concurrency 8), so the ratio of two passes run back to back says more
+// than the ratio of BenchmarkHandler and BenchmarkFloor, which run minutes
+// apart. It reports the median, lowest and highest of the pairs' ratios.
+func BenchmarkRatio(b *testing.B) {
+	for _, c := range concurrencies {
+		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
+			b.StopTimer()
+			w := getWorld(b)
+			ctx := context.Background()
+			current := new(atomic.Pointer[pass])
+			sandboxes := w.sandboxesFor(b, ctx, c, variant{}, current)
+			handler, floor := result{redoAny: true}, result{redoAny: true}
+			var ratios, handlerMS, floorMS []float64
+			for k := range pairs {
+				var h, f time.Duration
+				if k%2 == 0 {
+					h = w.runPass(b, ctx, sandboxes, handlerPath, current, &handler)
+					f = w.runPass(b, ctx, sandboxes, floorPath, current, &floor)
+				} else {
+					f = w.runPass(b, ctx, sandboxes, floorPath, current, &floor)
+					h = w.runPass(b, ctx, sandboxes, handlerPath, current, &handler)
+				}
+				ratios = append(ratios, float64(h)/float64(f))
+				handlerMS = append(handlerMS, ms(h)/numExits)
+				floorMS = append(floorMS, ms(f)/numExits)
+			}
+			b.ReportMetric(median(ratios), "ratio")
+			b.ReportMetric(slices.Min(ratios), "ratio-min")
+			b.ReportMetric(slices.Max(ratios), "ratio-max")
+			b.ReportMetric(median(handlerMS), "handler-ms/exit")
+			b.ReportMetric(median(floorMS), "floor-ms/exit")
+			b.Logf("pairs (handler ms/exit, floor ms/exit, ratio): %s", pairList(handlerMS, floorMS, ratios))
+		})
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func pairList(h, f, r []float64) string {
+	var parts []string
+	for i := range r {
+		parts = append(parts, fmt.Sprintf("(%.2f, %.2f, %.2f)", h[i], f[i], r[i]))
+	}
+	return strings.Join(parts, " ")
+}
+
 // proposals are handler variants that measure what REPORT.md discusses.
 // Each leaves out one call the handler makes; everything else is the real
 // handler.
@@ -138,7 +197,18 @@ func benchExits(b *testing.B, mode path, v variant, conc int) {
 	b.StopTimer()
 	w := getWorld(b)
 	ctx := context.Background()
-	var current atomic.Pointer[pass]
+	current := new(atomic.Pointer[pass])
+	sandboxes := w.sandboxesFor(b, ctx, conc, v, current)
+	var res result
+	for i := 0; i < b.N; i++ {
+		w.runPass(b, ctx, sandboxes, mode, current, &res)
+	}
+	res.report(b)
+}
+
+// sandboxesFor wires conc sandboxes whose fleet knows the instances of the
+// pass current holds.
+func (w *world) sandboxesFor(b *testing.B, ctx context.Context, conc int, v variant, current *atomic.Pointer[pass]) []*sandbox {
 	known := func(id string) (instances.Instance, bool) {
 		i, ok := current.Load().known[id]
 		return i, ok
@@ -147,8 +217,17 @@ func benchExits(b *testing.B, mode path, v variant, conc int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var res result
-	for i := 0; i < b.N; i++ {
+	return sandboxes
+}
+
+// runPass prepares numExits exits, drives them through the sandboxes on
+// the given path under the benchmark timer, adds the pass to res and
+// returns its wall time. Other work on the machine during the pass takes
+// CPU from the stack: a pass that shared the machine is redone if it is the
+// first, or if res.redoAny (a later one cannot be taken out of the
+// benchmark timer, which only matters where its total is the result).
+func (w *world) runPass(b *testing.B, ctx context.Context, sandboxes []*sandbox, mode path, current *atomic.Pointer[pass], res *result) time.Duration {
+	for {
 		p, err := w.prepare(ctx, numExits)
 		if err != nil {
 			b.Fatal(err)
@@ -175,19 +254,15 @@ func benchExits(b *testing.B, mode path, v variant, conc int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		// Other work on the machine during the pass takes CPU from the
-		// stack: redo a first pass that shared the machine (a later one
-		// cannot be taken out of the timer and stays, noted).
 		share := float64(cpu["other"]) / float64(wall*time.Duration(runtime.NumCPU()))
 		if share > noisyShare {
-			if res.passes == 0 && res.redone < maxRedo {
+			if (res.passes == 0 || res.redoAny) && res.redone < maxRedo {
 				res.redone++
 				b.Logf("pass redone: other work used %.0f%% of the CPUs during it", share*100)
 				if err := w.cleanup(ctx, p); err != nil {
 					b.Fatal(err)
 				}
 				b.ResetTimer()
-				i--
 				continue
 			}
 			b.Logf("pass kept although other work used %.0f%% of the CPUs during it", share*100)
@@ -197,8 +272,8 @@ func benchExits(b *testing.B, mode path, v variant, conc int) {
 		if err := w.cleanup(ctx, p); err != nil {
 			b.Fatal(err)
 		}
+		return wall
 	}
-	res.report(b)
 }
 
 // drive hands the pass's payloads to one worker per sandbox and returns
@@ -330,6 +405,7 @@ const (
 type result struct {
 	passes     int
 	redone     int
+	redoAny    bool
 	exits      int
 	wall       time.Duration
 	lat        []time.Duration
