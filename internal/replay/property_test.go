@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/pkg/app"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/kube"
@@ -124,6 +125,7 @@ func newPropHarness(t *testing.T, sc propScenario) *propHarness {
 	h := &propHarness{sc: sc, ns: "prop-" + sc.name, ec2: ec2server.New()}
 	t.Cleanup(h.ec2.Close)
 	cfg := lab.Stack.AWSConfig(ctx)
+	cfg.Retryer = app.Retryer // as the functions have it
 	db := dynamodb.NewFromConfig(cfg)
 	table := "prop-" + sc.name
 	if err := ledger.CreateTable(ctx, db, table); err != nil {

@@ -33,15 +33,18 @@ const (
 	maxBackoff  = 20 * time.Second
 )
 
+// Retryer is the SDK's standard retryer with Reaper's retry tuning.
+func Retryer() aws.Retryer {
+	return retry.NewStandard(func(o *retry.StandardOptions) {
+		o.MaxAttempts = maxAttempts
+		o.MaxBackoff = maxBackoff
+	})
+}
+
 // AWSConfig loads the SDK configuration with Reaper's retry tuning.
 // Endpoints come from the SDK's own AWS_ENDPOINT_URL_<SERVICE> variables.
 func AWSConfig(ctx context.Context) (aws.Config, error) {
-	return awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRetryer(func() aws.Retryer {
-		return retry.NewStandard(func(o *retry.StandardOptions) {
-			o.MaxAttempts = maxAttempts
-			o.MaxBackoff = maxBackoff
-		})
-	}))
+	return awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRetryer(Retryer))
 }
 
 // Logger is the JSON logger handlers use; Lambda's JSON log format keeps
