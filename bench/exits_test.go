@@ -121,8 +121,8 @@ func pairList(h, f, r []float64) string {
 }
 
 // proposals are handler variants that measure what REPORT.md discusses.
-// Each leaves out one call the handler makes; everything else is the real
-// handler.
+// Each leaves out one or more calls the handler makes; everything else is
+// the real handler.
 var proposals = []variant{
 	// The handler as it is, measured in the same run as the variants.
 	{name: "baseline"},
