@@ -53,6 +53,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f := s.takeFault(action, now); f != nil {
 		call.Injected = true
 		aerr = &apiError{status: f.status, code: f.code, message: faultMessage(f.code)}
+	} else if !s.admit(action, r.Form, ids, now) {
+		call.Refused = true
+		aerr = errorf("RequestLimitExceeded", "Request limit exceeded.")
 	} else {
 		for _, rec := range s.instances {
 			rec.advance(now)

@@ -9,6 +9,9 @@
 // instance twice succeeds, terminated instances stay visible, and throttling
 // answers RequestLimitExceeded with HTTP 503. Requests are not authenticated.
 //
+// Throttling is injected by Throttle and ThrottleUntil, or modeled on EC2's
+// published token buckets after EnableBuckets.
+//
 // A Server is safe for concurrent use.
 package ec2server
 
@@ -87,6 +90,7 @@ type Call struct {
 	Time        time.Time
 	ErrorCode   string // EC2 error code of the answer; "" on success
 	Injected    bool   // answered by a fault from FailNext or Throttle
+	Refused     bool   // refused by a token bucket (EnableBuckets)
 }
 
 // Server is a fake EC2 endpoint on a loopback httptest server.
@@ -99,6 +103,7 @@ type Server struct {
 	calls     []Call
 	faults    []*fault
 	settle    time.Duration
+	buckets   *buckets // nil unless EnableBuckets
 }
 
 type record struct {
@@ -234,7 +239,7 @@ func (s *Server) Calls() []Call {
 }
 
 // CallCount returns how many requests for action were received, faulted
-// ones included.
+// and refused ones included.
 func (s *Server) CallCount(action string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -1,0 +1,180 @@
+package ec2server
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"time"
+)
+
+// Bucket is one EC2 throttling token bucket: it holds at most Capacity
+// tokens and gains Refill tokens per second. A Bucket with zero Capacity does
+// not limit anything, so a test can throttle one action and leave the rest
+// alone.
+type Bucket struct {
+	Capacity int
+	Refill   float64 // tokens per second
+}
+
+// Limits are the token buckets EC2 throttles the server's actions with. Each
+// request, whatever its outcome, takes one token from its action's request
+// bucket; TerminateInstances and StopInstances also take one token per
+// instance they name from their resource bucket.
+type Limits struct {
+	Terminate         Bucket // TerminateInstances requests
+	TerminateResource Bucket // instances named in TerminateInstances
+	Stop              Bucket // StopInstances requests
+	StopResource      Bucket // instances named in StopInstances
+	// Describe is for DescribeInstances with a filter or pagination;
+	// DescribeUnfiltered for those with neither.
+	Describe           Bucket
+	DescribeUnfiltered Bucket
+}
+
+// PublishedLimits returns EC2's default limits, per account and Region, from
+// "Request throttling for the Amazon EC2 API",
+// https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html:
+//
+//   - TerminateInstances is an uncategorized action with its own request
+//     bucket (100, refill 5/s); StopInstances is not listed there, so it gets
+//     the bucket for mutating actions (50, refill 5/s).
+//   - Both have a resource bucket of 1,000 instances, refill 20/s.
+//   - DescribeInstances is non-mutating (100, refill 20/s), but is also listed
+//     among the actions that, requested with neither pagination nor a filter,
+//     draw on a smaller bucket (50, refill 10/s).
+func PublishedLimits() Limits {
+	return Limits{
+		Terminate:          Bucket{Capacity: 100, Refill: 5},
+		TerminateResource:  Bucket{Capacity: 1000, Refill: 20},
+		Stop:               Bucket{Capacity: 50, Refill: 5},
+		StopResource:       Bucket{Capacity: 1000, Refill: 20},
+		Describe:           Bucket{Capacity: 100, Refill: 20},
+		DescribeUnfiltered: Bucket{Capacity: 50, Refill: 10},
+	}
+}
+
+// EnableBuckets makes the server throttle requests as EC2 does: a request its
+// buckets cannot cover is answered RequestLimitExceeded (HTTP 503), changes
+// nothing and takes no token from any bucket, and is recorded with Refused
+// set. A request that needs more resource tokens than remain is refused whole.
+// Faults from FailNext and Throttle answer first and take no tokens.
+//
+// Every bucket starts full. Refill rates are multiplied by scale, which must
+// be positive: with scale 60 a second refills what a minute does on EC2,
+// while capacities stay as given. Calling EnableBuckets again starts over
+// with full buckets.
+func (s *Server) EnableBuckets(l Limits, scale float64) {
+	if scale <= 0 {
+		panic(fmt.Sprintf("ec2server: time scale %v is not positive", scale))
+	}
+	now := time.Now()
+	b := func(c Bucket) bucket {
+		return bucket{capacity: float64(c.Capacity), rate: c.Refill * scale, tokens: float64(c.Capacity), last: now}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buckets = &buckets{
+		terminate:          b(l.Terminate),
+		terminateResource:  b(l.TerminateResource),
+		stop:               b(l.Stop),
+		stopResource:       b(l.StopResource),
+		describe:           b(l.Describe),
+		describeUnfiltered: b(l.DescribeUnfiltered),
+	}
+}
+
+// DisableBuckets stops throttling by token buckets, as before EnableBuckets.
+func (s *Server) DisableBuckets() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buckets = nil
+}
+
+// Refusals returns how many requests for action the token buckets refused
+// since New or ResetCalls.
+func (s *Server) Refusals(action string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.calls {
+		if c.Action == action && c.Refused {
+			n++
+		}
+	}
+	return n
+}
+
+type buckets struct {
+	terminate, terminateResource bucket
+	stop, stopResource           bucket
+	describe, describeUnfiltered bucket
+}
+
+// bucket refills lazily: tokens is the level at last, and each use first adds
+// what accrued since, so no timer is needed.
+type bucket struct {
+	capacity float64
+	rate     float64 // tokens per second, time scale applied
+	tokens   float64
+	last     time.Time
+}
+
+// covers refills b up to now and reports whether it holds n tokens.
+func (b *bucket) covers(n float64, now time.Time) bool {
+	if b.capacity == 0 {
+		return true
+	}
+	if now.After(b.last) {
+		b.tokens = min(b.capacity, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+		b.last = now
+	}
+	return b.tokens >= n
+}
+
+func (b *bucket) take(n float64) {
+	if b.capacity != 0 {
+		b.tokens -= n
+	}
+}
+
+// admit charges a request to its buckets and reports whether they covered
+// it; a request either bucket cannot cover is charged nothing. Called with
+// s.mu held.
+func (s *Server) admit(action string, form url.Values, ids []string, now time.Time) bool {
+	if s.buckets == nil {
+		return true
+	}
+	var req, res *bucket
+	switch action {
+	case "TerminateInstances":
+		req, res = &s.buckets.terminate, &s.buckets.terminateResource
+	case "StopInstances":
+		req, res = &s.buckets.stop, &s.buckets.stopResource
+	case "DescribeInstances":
+		// The page names only pagination and filters as what moves a request
+		// to the larger bucket, so InstanceId.N alone does not.
+		paginated := form.Get("MaxResults") != "" || form.Get("NextToken") != ""
+		if paginated || len(indexes(form, "Filter", ".Name")) > 0 {
+			req = &s.buckets.describe
+		} else {
+			req = &s.buckets.describeUnfiltered
+		}
+	default:
+		return true // no bucket: the action fails in dispatch
+	}
+	var n float64
+	// Over maxIDs the request is invalid: refusing it as throttled would make
+	// clients retry a request that can never succeed. An id named twice
+	// affects one instance.
+	if res != nil && len(ids) <= maxIDs {
+		n = float64(len(slices.Compact(slices.Sorted(slices.Values(ids)))))
+	}
+	if !req.covers(1, now) || (n > 0 && !res.covers(n, now)) {
+		return false
+	}
+	req.take(1)
+	if n > 0 {
+		res.take(n)
+	}
+	return true
+}
