@@ -27,12 +27,14 @@ type userdataList []string
 func (l *userdataList) String() string     { return strings.Join(*l, " ") }
 func (l *userdataList) Set(v string) error { *l = append(*l, v); return nil }
 
-const userdataUsage = `usage: reaper userdata [-f pod.json] [flags]
+const userdataUsage = `usage: reaper userdata -cluster NAME [-f pod.json] [flags]
 
 Renders what a provider puts on the instance of one Pod. The Pod comes from
 -f (a JSON object with the fields of userdata.Pod: namespace, name, uid,
 container, image, command, args, env [{name, value}], restartPolicy; "-" reads
-stdin), and/or from flags, which override the file.
+stdin), and/or from flags, which override the file. -cluster names the Pod's
+cluster (REAPER_CLUSTER of its Reaper deployment); userdata, tags and launch
+need it.
 
 -o selects the output:
   userdata      the user-data script (default)
@@ -43,7 +45,8 @@ stdin), and/or from flags, which override the file.
   agent-config  the CloudWatch agent configuration
   run-args      the docker run arguments, as JSON
   tags          the instance tags, as JSON
-  launch        all launch settings (user-data, base64, tags, shutdown behavior), as JSON
+  launch        all launch settings (user-data, base64, tags, shutdown behavior,
+                metadata options), as JSON
 
 flags:
 `
@@ -55,11 +58,11 @@ func runUserdata(_ context.Context, args []string) error {
 		fs.PrintDefaults()
 	}
 	var (
-		file, output, out                           string
-		namespace, name, uid, container, image, pol string
-		opts                                        userdata.Options
-		command, podArgs, env, runArgs              userdataList
-		tagManaged, tagNamespace, tagName, tagUID   string
+		file, output, out                                     string
+		namespace, name, uid, container, image, pol           string
+		opts                                                  userdata.Options
+		command, podArgs, env, runArgs                        userdataList
+		tagManaged, tagNamespace, tagName, tagUID, tagCluster string
 	)
 	fs.StringVar(&file, "f", "", "Pod JSON file (- for stdin)")
 	fs.StringVar(&output, "o", "userdata", "what to print (see above)")
@@ -73,7 +76,8 @@ func runUserdata(_ context.Context, args []string) error {
 	fs.Var(&podArgs, "arg", "one container argument (repeat)")
 	fs.Var(&env, "env", "NAME=VALUE environment variable (repeat)")
 	fs.StringVar(&pol, "restart-policy", "", "Always (default), OnFailure or Never")
-	fs.StringVar(&opts.LogGroup, "log-group", userdata.DefaultLogGroup, "CloudWatch Logs group for exit lines")
+	fs.StringVar(&opts.Cluster, "cluster", "", "the Pod's cluster, for the cluster tag (required for userdata, tags and launch)")
+	fs.StringVar(&opts.LogGroup, "log-group", "", "CloudWatch Logs group for exit lines (default /reaper/<cluster>/exits)")
 	fs.StringVar(&opts.ExitLogPath, "exit-log", userdata.DefaultExitLogPath, "exit log file on the instance")
 	fs.StringVar(&opts.ContainerCLI, "container-cli", userdata.DefaultContainerCLI, "docker-compatible CLI on the instance")
 	fs.IntVar(&opts.MaxRestarts, "max-restarts", 0, "cap on in-place restarts (0: unlimited)")
@@ -83,6 +87,7 @@ func runUserdata(_ context.Context, args []string) error {
 	fs.StringVar(&tagNamespace, "tag-key-namespace", userdata.DefaultTagNamespace, "tag key for the Pod namespace")
 	fs.StringVar(&tagName, "tag-key-name", userdata.DefaultTagName, "tag key for the Pod name")
 	fs.StringVar(&tagUID, "tag-key-uid", userdata.DefaultTagUID, "tag key for the Pod UID")
+	fs.StringVar(&tagCluster, "tag-key-cluster", userdata.DefaultTagCluster, "tag key for the cluster")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -131,7 +136,10 @@ func runUserdata(_ context.Context, args []string) error {
 		}
 	}
 	opts.DockerRunArgs = runArgs
-	opts.TagKeys = userdata.TagKeys{Managed: tagManaged, Namespace: tagNamespace, Name: tagName, UID: tagUID}
+	opts.TagKeys = userdata.TagKeys{Managed: tagManaged, Namespace: tagNamespace, Name: tagName, UID: tagUID, Cluster: tagCluster}
+	if opts.Cluster == "" && (output == "userdata" || output == "tags" || output == "launch") {
+		return fmt.Errorf("-o %s needs -cluster: the name of the Pod's cluster, as in REAPER_CLUSTER of its Reaper deployment", output)
+	}
 
 	text, err := renderUserdataOutput(output, pod, opts)
 	if err != nil {
@@ -199,7 +207,12 @@ func renderUserdataOutput(output string, pod userdata.Pod, opts userdata.Options
 		}
 		return asJSON(a)
 	case "tags":
-		return asJSON(userdata.Tags(pod, opts.TagKeys))
+		// Through Launch, which checks the cluster and the tag keys.
+		ls, err := userdata.Launch(pod, opts)
+		if err != nil {
+			return "", err
+		}
+		return asJSON(ls.Tags)
 	case "launch":
 		ls, err := userdata.Launch(pod, opts)
 		if err != nil {

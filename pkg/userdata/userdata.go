@@ -24,6 +24,7 @@ import (
 	"strings"
 	"text/template"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -34,9 +35,15 @@ const (
 	RestartNever     = "Never"
 )
 
+// DefaultLogGroup is the exit log group of a cluster's Reaper deployment,
+// the one its construct creates and subscribes to: log group names are
+// unique in an account and region, and each deployment's agent policy
+// covers its own group only, so one cluster's hosts cannot write another
+// cluster's exit lines.
+func DefaultLogGroup(cluster string) string { return "/reaper/" + cluster + "/exits" }
+
 // Defaults for Options and TagKeys.
 const (
-	DefaultLogGroup      = "/reaper/exits"
 	DefaultExitLogPath   = "/var/log/reaper/exit.log"
 	DefaultContainerCLI  = "docker"
 	DefaultShutdownDelay = 10 * time.Minute
@@ -45,6 +52,7 @@ const (
 	DefaultTagNamespace = "reaper.io/pod-namespace"
 	DefaultTagName      = "reaper.io/pod-name"
 	DefaultTagUID       = "reaper.io/pod-uid"
+	DefaultTagCluster   = "reaper.io/cluster"
 )
 
 // Where the user-data installs things on the instance.
@@ -65,6 +73,13 @@ const MaxUserDataBytes = 16384
 // provider must launch with: the wrapper's last-resort power-off then
 // terminates the instance instead of leaving it stopped.
 const ShutdownBehaviorTerminate = "terminate"
+
+// MetadataHopLimit is the HttpPutResponseHopLimit the provider must launch
+// with. The IMDSv2 token response then dies one hop away from the host: the
+// wrapper on the host gets a token, a container behind a bridge network
+// (one more hop) does not, so it cannot read the instance role's
+// credentials.
+const MetadataHopLimit int32 = 1
 
 // EnvVar is one environment variable of the container, in Pod spec order.
 type EnvVar struct {
@@ -91,10 +106,16 @@ type Pod struct {
 	RestartPolicy string `json:"restartPolicy,omitempty"`
 }
 
-// Options tune the rendering; the zero value gives the defaults.
+// Options tune the rendering. Cluster is required by Render and Launch; the
+// zero value of every other field gives its default.
 type Options struct {
-	// LogGroup receives the exit lines (default /reaper/exits). It must be
-	// the group the Reaper construct subscribes to.
+	// Cluster is the name of the cluster the Pod belongs to, the value of
+	// the cluster tag. It must equal REAPER_CLUSTER of the Reaper deployment
+	// that serves the cluster: an instance without it is never Reaper's.
+	Cluster string
+	// LogGroup receives the exit lines (default DefaultLogGroup of the
+	// cluster, "/reaper/<cluster>/exits"). It must be the group the Reaper
+	// construct subscribes to.
 	LogGroup string
 	// ExitLogPath is the file the wrapper appends exit lines to and the
 	// agent ships (default /var/log/reaper/exit.log).
@@ -118,12 +139,13 @@ type Options struct {
 
 // TagKeys are the keys of the instance tags Reaper reads.
 type TagKeys struct {
-	Managed, Namespace, Name, UID string
+	Managed, Namespace, Name, UID, Cluster string
 }
 
 // DefaultTagKeys returns the contract's default tag keys.
 func DefaultTagKeys() TagKeys {
-	return TagKeys{Managed: DefaultTagManaged, Namespace: DefaultTagNamespace, Name: DefaultTagName, UID: DefaultTagUID}
+	return TagKeys{Managed: DefaultTagManaged, Namespace: DefaultTagNamespace, Name: DefaultTagName,
+		UID: DefaultTagUID, Cluster: DefaultTagCluster}
 }
 
 func (k TagKeys) withDefaults() TagKeys {
@@ -140,18 +162,23 @@ func (k TagKeys) withDefaults() TagKeys {
 	if k.UID == "" {
 		k.UID = d.UID
 	}
+	if k.Cluster == "" {
+		k.Cluster = d.Cluster
+	}
 	return k
 }
 
-// Tags returns the tags the provider writes on the instance at launch;
-// empty fields of keys take the defaults.
-func Tags(pod Pod, keys TagKeys) map[string]string {
+// Tags returns the tags the provider writes on the instance at launch, for
+// the Pod of the named cluster; empty fields of keys take the defaults.
+// Launch checks pod and cluster; Tags takes them as they are.
+func Tags(pod Pod, cluster string, keys TagKeys) map[string]string {
 	keys = keys.withDefaults()
 	return map[string]string{
 		keys.Managed:   "true",
 		keys.Namespace: pod.Namespace,
 		keys.Name:      pod.Name,
 		keys.UID:       pod.UID,
+		keys.Cluster:   cluster,
 	}
 }
 
@@ -168,6 +195,9 @@ type LaunchSettings struct {
 	InstanceInitiatedShutdownBehavior string `json:"instanceInitiatedShutdownBehavior"`
 	// MetadataHTTPTokens is "required": the wrapper speaks IMDSv2 only.
 	MetadataHTTPTokens string `json:"metadataHttpTokens"`
+	// MetadataHTTPPutResponseHopLimit is MetadataHopLimit (1), for
+	// MetadataOptions.HttpPutResponseHopLimit.
+	MetadataHTTPPutResponseHopLimit int32 `json:"metadataHttpPutResponseHopLimit"`
 }
 
 // Launch validates pod and opts and returns the launch settings.
@@ -183,9 +213,10 @@ func Launch(pod Pod, opts Options) (LaunchSettings, error) {
 	return LaunchSettings{
 		UserData:                          script,
 		UserDataBase64:                    enc,
-		Tags:                              Tags(pod, opts.TagKeys),
+		Tags:                              Tags(pod, opts.Cluster, opts.TagKeys),
 		InstanceInitiatedShutdownBehavior: ShutdownBehaviorTerminate,
 		MetadataHTTPTokens:                "required",
+		MetadataHTTPPutResponseHopLimit:   MetadataHopLimit,
 	}, nil
 }
 
@@ -317,12 +348,22 @@ func (p Pod) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	// The environment goes to the container through docker's --env-file
+	// only, never as -e arguments, which any local user can read in the
+	// docker client's command line. That file is line based and skips
+	// lines starting with #.
 	for i, e := range p.Env {
-		if e.Name == "" || strings.ContainsRune(e.Name, '=') || strings.IndexFunc(e.Name, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 || !utf8.ValidString(e.Name) {
+		switch {
+		case e.Name == "" || strings.ContainsRune(e.Name, '=') || strings.IndexFunc(e.Name, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 || !utf8.ValidString(e.Name):
 			errs = append(errs, fmt.Errorf("env[%d] name %q is empty or has '=', spaces or control characters", i, e.Name))
+		case strings.HasPrefix(e.Name, "#"):
+			errs = append(errs, fmt.Errorf("env[%d] name %q starts with '#', which docker's --env-file reads as a comment", i, e.Name))
 		}
 		if err := text(fmt.Sprintf("env[%d] (%s) value", i, e.Name), e.Value); err != nil {
 			errs = append(errs, err)
+		}
+		if strings.ContainsAny(e.Value, "\n\r") {
+			errs = append(errs, fmt.Errorf("env[%d] (%s) value contains a line break, which docker's --env-file cannot carry", i, e.Name))
 		}
 	}
 	if len(errs) > 0 {
@@ -339,8 +380,8 @@ type resolved struct {
 
 func (o Options) resolve() (resolved, error) {
 	var errs []error
-	if o.LogGroup == "" {
-		o.LogGroup = DefaultLogGroup
+	if o.LogGroup == "" && o.Cluster != "" {
+		o.LogGroup = DefaultLogGroup(o.Cluster)
 	}
 	if o.ExitLogPath == "" {
 		o.ExitLogPath = DefaultExitLogPath
@@ -351,8 +392,8 @@ func (o Options) resolve() (resolved, error) {
 	if o.ShutdownDelay == 0 {
 		o.ShutdownDelay = DefaultShutdownDelay
 	}
-	if !logGroupName.MatchString(o.LogGroup) {
-		errs = append(errs, fmt.Errorf("log group %q is not a CloudWatch Logs group name", o.LogGroup))
+	if o.LogGroup != "" && !logGroupName.MatchString(o.LogGroup) {
+		errs = append(errs, fmt.Errorf("log group %q is not a CloudWatch Logs group name (set LogGroup when the cluster name does not fit one)", o.LogGroup))
 	}
 	if !plainPath.MatchString(o.ExitLogPath) || strings.Contains(o.ExitLogPath, "..") {
 		errs = append(errs, fmt.Errorf("exit log path %q must be absolute and use only letters, digits and . _ - /", o.ExitLogPath))
@@ -377,7 +418,7 @@ func (o Options) resolve() (resolved, error) {
 		}
 	}
 	keys := o.TagKeys.withDefaults()
-	for _, k := range []string{keys.Managed, keys.Namespace, keys.Name, keys.UID} {
+	for _, k := range []string{keys.Managed, keys.Namespace, keys.Name, keys.UID, keys.Cluster} {
 		if len(k) > 128 || strings.HasPrefix(strings.ToLower(k), "aws:") || !utf8.ValidString(k) {
 			errs = append(errs, fmt.Errorf("tag key %q is not a valid EC2 tag key", k))
 		}
@@ -387,6 +428,29 @@ func (o Options) resolve() (resolved, error) {
 	}
 	secs := int((o.ShutdownDelay + time.Second - 1) / time.Second)
 	return resolved{Options: o, delaySeconds: secs}, nil
+}
+
+// maxTagValue is EC2's limit on a tag value, in Unicode characters.
+const maxTagValue = 256
+
+// checkCluster checks the cluster name, the value of the cluster tag. That
+// value must equal REAPER_CLUSTER exactly, so control characters and spaces
+// at either end, invisible in a console and most likely a mistake, are
+// refused.
+func checkCluster(c string) error {
+	switch {
+	case c == "":
+		return errors.New("cluster is empty: set it to the name of the Pod's cluster, as in REAPER_CLUSTER of the Reaper deployment that serves it")
+	case !utf8.ValidString(c):
+		return fmt.Errorf("cluster %q is not valid UTF-8", c)
+	case utf8.RuneCountInString(c) > maxTagValue:
+		return fmt.Errorf("cluster name has %d characters, over EC2's %d for a tag value", utf8.RuneCountInString(c), maxTagValue)
+	case strings.HasPrefix(strings.ToLower(c), "aws:"):
+		return fmt.Errorf("cluster %q starts with aws:, which AWS reserves", c)
+	case strings.IndexFunc(c, unicode.IsControl) >= 0 || strings.TrimSpace(c) != c:
+		return fmt.Errorf("cluster %q has control characters or leading or trailing spaces", c)
+	}
+	return nil
 }
 
 func (p Pod) policy() string {
@@ -409,16 +473,8 @@ func shword(s string) string {
 	return shq(s)
 }
 
-// envFileSafe reports whether e can go through docker's --env-file, which
-// is line based, strips a trailing carriage return and skips # comments.
-func envFileSafe(e EnvVar) bool {
-	return !strings.ContainsAny(e.Value, "\n\r") && !strings.HasPrefix(e.Name, "#")
-}
-
 // EnvFile returns the --env-file the user-data writes at EnvFilePath: one
-// NAME=value line per variable ("" when there is none). A variable the
-// format cannot carry (a line break in the value, a name starting with #)
-// is passed as a -e argument instead.
+// NAME=value line per variable ("" when there is none).
 func EnvFile(pod Pod) (string, error) {
 	if err := pod.Validate(); err != nil {
 		return "", err
@@ -429,9 +485,7 @@ func EnvFile(pod Pod) (string, error) {
 func envFile(pod Pod) string {
 	var b strings.Builder
 	for _, e := range pod.Env {
-		if envFileSafe(e) {
-			b.WriteString(e.Name + "=" + e.Value + "\n")
-		}
+		b.WriteString(e.Name + "=" + e.Value + "\n")
 	}
 	return b.String()
 }
@@ -456,13 +510,8 @@ func runArgs(pod Pod, opts Options) []string {
 		"--label", "reaper.io/pod-uid=" + pod.UID,
 		"--label", "reaper.io/container=" + pod.Container,
 	}
-	if envFile(pod) != "" {
+	if len(pod.Env) > 0 {
 		a = append(a, "--env-file", EnvFilePath)
-	}
-	for _, e := range pod.Env {
-		if !envFileSafe(e) {
-			a = append(a, "-e", e.Name+"="+e.Value)
-		}
 	}
 	a = append(a, opts.DockerRunArgs...)
 	if len(pod.Command) > 0 {
@@ -556,8 +605,13 @@ func AgentConfig(opts Options) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.LogGroup == "" {
+		return nil, errNoLogGroup
+	}
 	return agentConfig(r), nil
 }
+
+var errNoLogGroup = errors.New("userdata: no log group: set Cluster (the default group is derived from it) or LogGroup")
 
 func agentConfig(r resolved) []byte {
 	type file struct {
@@ -616,9 +670,17 @@ func newHereDoc(body string) hereDoc {
 // unit and the CloudWatch agent configuration, turns on docker's
 // live-restore, and starts the agent and the unit. If any step fails, the
 // script powers the host off after the shutdown delay.
+//
+// The script does not carry opts.Cluster, but Render requires it because a
+// provider calls Render to launch, and an instance launched without the
+// cluster tag is never Reaper's: its exit lines are rejected and its Pod
+// never gets a status from them.
 func Render(pod Pod, opts Options) (string, error) {
 	if err := pod.Validate(); err != nil {
 		return "", err
+	}
+	if err := checkCluster(opts.Cluster); err != nil {
+		return "", fmt.Errorf("userdata: invalid options: %w", err)
 	}
 	r, err := opts.resolve()
 	if err != nil {

@@ -25,12 +25,12 @@ func hostilePod() Pod {
 		Container: "app",
 		Image:     "registry.example.com:5000/team/app@sha256:" + strings.Repeat("ab", 32),
 		Command:   []string{"/bin/sh", "-c", `echo "$HOME" 'q' ` + "`id`" + ` $(id) \ back; exit 3`},
-		Args: []string{"", " lead", "trail ", "semi;colon&amp|pipe>redir<in", "new\nline", "REAPER_EOF", "'", "''",
+		Args: []string{"", " lead", "trail ", "semi;colon&amp|pipe>redir<in", "new\nline", "l1\nREAPER_EOF\nl3", "REAPER_EOF", "'", "''",
 			`"`, `\`, "*", "~", "$IFS", "#comment", "-e", "--entrypoint=evil", "ünïcödé ✓", "tab\there", "cr\rhere", "%s%n"},
 		Env: []EnvVar{
 			{"PLAIN", "v"}, {"SPACES", " a b  c "}, {"QUOTES", `it's "x"`},
 			{"DOLLAR", "$HOME ${PATH} $(touch /tmp/pwned) `id`"}, {"HASH", "#x"}, {"EQ", "a=b=c"}, {"EMPTY", ""},
-			{"MULTI", "l1\nREAPER_EOF\nl3"}, {"CR", "x\r"}, {"lower.dot-dash", "ok"}, {"#HASHNAME", "h"},
+			{"TAB", "a\tb"}, {"lower.dot-dash", "ok"}, {"NAME#HASH", "h"},
 		},
 		RestartPolicy: RestartOnFailure,
 	}
@@ -38,12 +38,16 @@ func hostilePod() Pod {
 
 func hostileOptions() Options {
 	return Options{
+		Cluster:  "prod eu/1 ✓",
 		LogGroup: "/team-a/reaper#exits", ExitLogPath: "/var/log/reaper-exits/exit.jsonl",
 		MaxRestarts: 5, ShutdownDelay: 90 * time.Second,
 		DockerRunArgs: []string{"--gpus", "all", "--label", `note=it's "fine"`},
 		TagKeys:       TagKeys{Managed: "example.com/managed"},
 	}
 }
+
+// testCluster is the cluster of the test Pods.
+const testCluster = "prod-eu-1"
 
 func podmanPod() Pod {
 	return Pod{Namespace: "web", Name: "server", UID: "11111111-2222-4333-8444-555555555555",
@@ -55,9 +59,9 @@ var goldenCases = []struct {
 	pod  func() Pod
 	opts Options
 }{
-	{"basic", func() Pod { return jobPod(RestartNever) }, Options{}},
+	{"basic", func() Pod { return jobPod(RestartNever) }, Options{Cluster: testCluster}},
 	{"hostile", hostilePod, hostileOptions()},
-	{"podman", podmanPod, Options{ContainerCLI: "podman"}},
+	{"podman", podmanPod, Options{Cluster: testCluster, ContainerCLI: "podman"}},
 }
 
 func TestGolden(t *testing.T) {
@@ -227,7 +231,7 @@ func TestUserdataMergesDaemonJSON(t *testing.T) {
 	orig := `{"log-driver": "json-file", "live-restore": false, "default-ulimits": {"nofile": {"Name": "nofile", "Hard": 65536, "Soft": 65536}}}`
 	writeFile(t, filepath.Join(root, "etc/docker/daemon.json"), orig)
 	writeFile(t, filepath.Join(fake, "events"), "")
-	script, err := Render(jobPod(RestartNever), Options{ExitLogPath: filepath.Join(dir, "exit.log")})
+	script, err := Render(jobPod(RestartNever), Options{Cluster: testCluster, ExitLogPath: filepath.Join(dir, "exit.log")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +267,7 @@ func TestUserdataFailurePowersOff(t *testing.T) {
 	root, fake := filepath.Join(dir, "root"), filepath.Join(dir, "fake")
 	writeFile(t, filepath.Join(fake, "events"), "")
 	writeFile(t, filepath.Join(fake, "ctl_fail"), "")
-	script, err := Render(jobPod(RestartNever), Options{ExitLogPath: filepath.Join(dir, "exit.log"), ShutdownDelay: 90 * time.Second})
+	script, err := Render(jobPod(RestartNever), Options{Cluster: testCluster, ExitLogPath: filepath.Join(dir, "exit.log"), ShutdownDelay: 90 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,6 +302,13 @@ func TestValidate(t *testing.T) {
 		{"utf8", func(p *Pod, _ *Options) { p.Env = []EnvVar{{"A", "\xff"}} }, "UTF-8"},
 		{"env name", func(p *Pod, _ *Options) { p.Env = []EnvVar{{"A B", "x"}} }, "env[0] name"},
 		{"env name eq", func(p *Pod, _ *Options) { p.Env = []EnvVar{{"A=B", "x"}} }, "env[0] name"},
+		{"env name hash", func(p *Pod, _ *Options) { p.Env = []EnvVar{{"#A", "x"}} }, `env[0] name "#A" starts with '#'`},
+		{"cluster missing", func(_ *Pod, o *Options) { o.Cluster = "" }, "cluster is empty"},
+		{"cluster aws", func(_ *Pod, o *Options) { o.Cluster = "AWS:eks" }, `cluster "AWS:eks" starts with aws:`},
+		{"cluster long", func(_ *Pod, o *Options) { o.Cluster = strings.Repeat("é", 257) }, "cluster name has 257 characters"},
+		{"cluster utf8", func(_ *Pod, o *Options) { o.Cluster = "a\xffb" }, `cluster "a\xffb" is not valid UTF-8`},
+		{"cluster control", func(_ *Pod, o *Options) { o.Cluster = "a\nb" }, "cluster \"a\\nb\" has control characters"},
+		{"cluster space", func(_ *Pod, o *Options) { o.Cluster = "prod " }, `cluster "prod " has control characters or leading or trailing spaces`},
 		{"log group", func(_ *Pod, o *Options) { o.LogGroup = "bad group" }, "log group"},
 		{"exit log", func(_ *Pod, o *Options) { o.ExitLogPath = "relative.log" }, "exit log path"},
 		{"exit log glob", func(_ *Pod, o *Options) { o.ExitLogPath = "/var/log/*.log" }, "exit log path"},
@@ -305,18 +316,26 @@ func TestValidate(t *testing.T) {
 		{"max restarts", func(_ *Pod, o *Options) { o.MaxRestarts = -1 }, "max restarts"},
 		{"delay", func(_ *Pod, o *Options) { o.ShutdownDelay = -time.Second }, "shutdown delay"},
 		{"tag key", func(_ *Pod, o *Options) { o.TagKeys.UID = "aws:uid" }, "tag key"},
+		{"cluster tag key", func(_ *Pod, o *Options) { o.TagKeys.Cluster = "aws:cluster" }, `tag key "aws:cluster"`},
 		{"run arg rm", func(_ *Pod, o *Options) { o.DockerRunArgs = []string{"--rm"} }, "owns --rm"},
 		{"run arg restart", func(_ *Pod, o *Options) { o.DockerRunArgs = []string{"--restart=always"} }, "owns --restart"},
 	} {
-		p, o := ok, Options{}
+		p, o := ok, Options{Cluster: testCluster}
 		tc.edit(&p, &o)
 		_, err := Render(p, o)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Render error = %v, want one mentioning %q", tc.name, err, tc.want)
 		}
 	}
-	if _, err := Render(ok, Options{}); err != nil {
-		t.Errorf("valid pod rejected: %v", err)
+	// A cluster name that does not fit a log group name needs the group
+	// named.
+	for _, c := range []string{testCluster, strings.Repeat("é", 256), "prod eu/1 ✓", "a:aws:b"} {
+		if _, err := Render(ok, Options{Cluster: c, LogGroup: "/reaper/exits"}); err != nil {
+			t.Errorf("valid pod in cluster %q rejected: %v", c, err)
+		}
+	}
+	if _, err := Render(ok, Options{Cluster: "prod eu"}); err == nil || !strings.Contains(err.Error(), `log group "/reaper/prod eu/exits"`) {
+		t.Errorf("cluster that fits no log group name: %v", err)
 	}
 	// Every problem is reported at once.
 	err := Pod{}.Validate()
@@ -361,8 +380,8 @@ func TestRunArgs(t *testing.T) {
 			[]string{"docker.io/library/nginx:1.27", "-g", "daemon off;"}},
 		{"command replaces entrypoint", func(p *Pod) { p.Command = []string{"/bin/sh", "-c"}; p.Args = []string{"exit 0"} }, Options{},
 			[]string{"--entrypoint", "/bin/sh", "docker.io/library/nginx:1.27", "-c", "exit 0"}},
-		{"env and extra flags", func(p *Pod) { p.Env = []EnvVar{{"A", "1"}, {"PEM", "x\ny"}, {"B", "2"}} }, Options{DockerRunArgs: []string{"--gpus", "all"}},
-			[]string{"--env-file", EnvFilePath, "-e", "PEM=x\ny", "--gpus", "all", "docker.io/library/nginx:1.27"}},
+		{"env and extra flags", func(p *Pod) { p.Env = []EnvVar{{"A", "1"}, {"B", "2"}} }, Options{DockerRunArgs: []string{"--gpus", "all"}},
+			[]string{"--env-file", EnvFilePath, "--gpus", "all", "docker.io/library/nginx:1.27"}},
 	} {
 		p := podmanPod()
 		tc.edit(&p)
@@ -373,21 +392,50 @@ func TestRunArgs(t *testing.T) {
 		equalStrings(t, tc.name, got, append(append([]string{}, base...), tc.want...))
 	}
 	p := podmanPod()
-	p.Env = []EnvVar{{"A", "1"}, {"PEM", "x\ny"}, {"CR", "z\r"}, {"B", " 2 "}, {"#C", "3"}}
+	p.Env = []EnvVar{{"A", "1"}, {"B", " 2 "}, {"C#", "#3"}, {"D", ""}}
 	env, err := EnvFile(p)
-	if err != nil || env != "A=1\nB= 2 \n" {
+	if err != nil || env != "A=1\nB= 2 \nC#=#3\nD=\n" {
 		t.Errorf("EnvFile = %q, %v", env, err)
 	}
-	args, _ := RunArgs(p, Options{})
-	equalStrings(t, "env args", args[len(base):], []string{"--env-file", EnvFilePath, "-e", "PEM=x\ny", "-e", "CR=z\r", "-e", "#C=3", p.Image})
+}
+
+// A line break in an env value is refused by every entry point, naming the
+// variable: docker's --env-file cannot carry it, and the environment goes
+// nowhere else. Command and args keep theirs.
+func TestEnvLineBreak(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{"x\ny", "z\r", "\r\n", "-----BEGIN KEY-----\nMII\n-----END KEY-----\n"} {
+		p := podmanPod()
+		p.Env = []EnvVar{{"A", "1"}, {"PEM", v}}
+		want := "env[1] (PEM) value contains a line break"
+		opts := Options{Cluster: testCluster}
+		_, errRender := Render(p, opts)
+		_, errLaunch := Launch(p, opts)
+		_, errEnv := EnvFile(p)
+		_, errArgs := RunArgs(p, opts)
+		_, errConf := WrapperConfig(p, opts)
+		for name, err := range map[string]error{"Validate": p.Validate(), "Render": errRender, "Launch": errLaunch,
+			"EnvFile": errEnv, "RunArgs": errArgs, "WrapperConfig": errConf} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s with PEM=%q: error = %v, want %q", name, v, err, want)
+			}
+		}
+	}
+	p := podmanPod()
+	p.Command = []string{"/bin/sh", "-c", "printf '%s\n' \"$1\"\r\n"}
+	p.Args = []string{"two\nlines"}
+	if _, err := Render(p, Options{Cluster: testCluster}); err != nil {
+		t.Errorf("line breaks in command and args rejected: %v", err)
+	}
 }
 
 func TestTags(t *testing.T) {
 	t.Parallel()
 	p := jobPod(RestartNever)
-	got := Tags(p, TagKeys{})
+	got := Tags(p, testCluster, TagKeys{})
 	want := map[string]string{"reaper.io/managed": "true", "reaper.io/pod-namespace": "batch",
-		"reaper.io/pod-name": "installer-7xk2p", "reaper.io/pod-uid": "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"}
+		"reaper.io/pod-name": "installer-7xk2p", "reaper.io/pod-uid": "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b",
+		"reaper.io/cluster": testCluster}
 	if len(got) != len(want) {
 		t.Errorf("Tags = %v, want %v", got, want)
 	}
@@ -396,15 +444,19 @@ func TestTags(t *testing.T) {
 			t.Errorf("Tags[%s] = %q, want %q", k, got[k], v)
 		}
 	}
-	got = Tags(p, TagKeys{Managed: "x/managed", UID: "x/uid"})
-	if got["x/managed"] != "true" || got["x/uid"] != p.UID || got["reaper.io/pod-name"] != p.Name {
+	got = Tags(p, testCluster, TagKeys{Managed: "x/managed", UID: "x/uid", Cluster: "x/cluster"})
+	if len(got) != 5 || got["x/managed"] != "true" || got["x/uid"] != p.UID || got["reaper.io/pod-name"] != p.Name ||
+		got["x/cluster"] != testCluster {
 		t.Errorf("Tags with custom keys = %v", got)
 	}
 }
 
 func TestAgentConfig(t *testing.T) {
 	t.Parallel()
-	b, err := AgentConfig(Options{})
+	if _, err := AgentConfig(Options{}); err == nil || !strings.Contains(err.Error(), "no log group") {
+		t.Fatalf("agent config with neither cluster nor log group: %v", err)
+	}
+	b, err := AgentConfig(Options{Cluster: "prod"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +475,7 @@ func TestAgentConfig(t *testing.T) {
 	}
 	l := c.Logs.LogsCollected.Files.CollectList
 	if c.Logs.ForceFlushInterval != 1 || len(l) != 1 || l[0]["file_path"] != DefaultExitLogPath ||
-		l[0]["log_group_name"] != DefaultLogGroup || l[0]["log_stream_name"] != "{instance_id}" {
+		l[0]["log_group_name"] != "/reaper/prod/exits" || l[0]["log_stream_name"] != "{instance_id}" {
 		t.Errorf("agent config:\n%s", b)
 	}
 }
@@ -445,7 +497,8 @@ func TestUnit(t *testing.T) {
 func TestLaunch(t *testing.T) {
 	t.Parallel()
 	p := jobPod(RestartNever)
-	ls, err := Launch(p, Options{})
+	opts := Options{Cluster: testCluster}
+	ls, err := Launch(p, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,10 +507,29 @@ func TestLaunch(t *testing.T) {
 		ls.MetadataHTTPTokens != "required" || ls.Tags["reaper.io/pod-uid"] != p.UID {
 		t.Errorf("launch settings: %+v", ls)
 	}
+	// Hop limit 1: a container behind a bridge network gets no IMDS token.
+	if ls.MetadataHTTPPutResponseHopLimit != 1 {
+		t.Errorf("MetadataHTTPPutResponseHopLimit = %d, want 1", ls.MetadataHTTPPutResponseHopLimit)
+	}
+	if ls.Tags["reaper.io/cluster"] != testCluster {
+		t.Errorf("launch tags %v lack reaper.io/cluster=%s", ls.Tags, testCluster)
+	}
+	var asJSON map[string]any
+	js, _ := json.Marshal(ls)
+	if err := json.Unmarshal(js, &asJSON); err != nil || asJSON["metadataHttpPutResponseHopLimit"] != 1.0 {
+		t.Errorf("launch settings JSON: metadataHttpPutResponseHopLimit = %v, want 1 (%v)", asJSON["metadataHttpPutResponseHopLimit"], err)
+	}
+	custom, err := Launch(p, Options{Cluster: "other", TagKeys: TagKeys{Cluster: "example.com/cluster"}})
+	if err != nil || custom.Tags["example.com/cluster"] != "other" || custom.Tags["reaper.io/cluster"] != "" {
+		t.Errorf("launch with a custom cluster tag key: %v, %v", custom.Tags, err)
+	}
+	if _, err := Launch(p, Options{}); err == nil || !strings.Contains(err.Error(), "cluster is empty") {
+		t.Errorf("Launch without a cluster: %v, want an error", err)
+	}
 
 	// Over 16 KiB: gzip, which cloud-init unpacks.
 	p.Env = []EnvVar{{"BIG", strings.Repeat("compressible ", 1000)}}
-	ls, err = Launch(p, Options{})
+	ls, err = Launch(p, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +546,7 @@ func TestLaunch(t *testing.T) {
 	noise := make([]byte, 20000)
 	_, _ = rand.Read(noise)
 	p.Env = []EnvVar{{"NOISE", hex.EncodeToString(noise)}}
-	if _, err := Launch(p, Options{}); err == nil || !strings.Contains(err.Error(), "over EC2") {
+	if _, err := Launch(p, opts); err == nil || !strings.Contains(err.Error(), "over EC2") {
 		t.Errorf("Launch with 40 KB of noise: %v", err)
 	}
 }

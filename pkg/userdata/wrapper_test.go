@@ -350,7 +350,7 @@ func TestWrapperInstanceIDFallback(t *testing.T) {
 	})
 }
 
-// Hostile command, args and environment reach docker run byte for byte.
+// Hostile command and args reach docker run byte for byte.
 func TestWrapperHostileArgv(t *testing.T) {
 	eachShell(t, func(t *testing.T, sh string) {
 		pod, opts := hostilePod(), hostileOptions()

@@ -358,7 +358,7 @@ cat >"$root/opt/aws/amazon-cloudwatch-agent/etc/reaper-exits.json" <<'REAPER_EOF
         "collect_list": [
           {
             "file_path": "/var/log/reaper/exit.log",
-            "log_group_name": "/reaper/exits",
+            "log_group_name": "/reaper/prod-eu-1/exits",
             "log_stream_name": "{instance_id}"
           }
         ]

@@ -323,10 +323,10 @@ REAPER_EXIT_LOG='/var/log/reaper-exits/exit.jsonl'
 REAPER_CLI='docker'
 REAPER_POD_JSON='"podNamespace":"team-a","podName":"weird.pod-name-1","podUID":"0b8f3c2e-1d4a-4c59-9a61-5e0f7d2b8c31","container":"app"'
 # Arguments of "run -d --name NAME", as shell words.
-REAPER_RUN_ARGS='--label reaper.io/pod-namespace=team-a --label reaper.io/pod-name=weird.pod-name-1 --label reaper.io/pod-uid=0b8f3c2e-1d4a-4c59-9a61-5e0f7d2b8c31 --label reaper.io/container=app --env-file /etc/reaper/workload.env -e '\''MULTI=l1
+REAPER_RUN_ARGS='--label reaper.io/pod-namespace=team-a --label reaper.io/pod-name=weird.pod-name-1 --label reaper.io/pod-uid=0b8f3c2e-1d4a-4c59-9a61-5e0f7d2b8c31 --label reaper.io/container=app --env-file /etc/reaper/workload.env --gpus all --label '\''note=it'\''\'\'''\''s "fine"'\'' --entrypoint /bin/sh registry.example.com:5000/team/app@sha256:abababababababababababababababababababababababababababababababab -c '\''echo "$HOME" '\''\'\'''\''q'\''\'\'''\'' `id` $(id) \ back; exit 3'\'' '\'''\'' '\'' lead'\'' '\''trail '\'' '\''semi;colon&amp|pipe>redir<in'\'' '\''new
+line'\'' '\''l1
 REAPER_EOF
-l3'\'' -e '\''CR=x'\'' -e '\''#HASHNAME=h'\'' --gpus all --label '\''note=it'\''\'\'''\''s "fine"'\'' --entrypoint /bin/sh registry.example.com:5000/team/app@sha256:abababababababababababababababababababababababababababababababab -c '\''echo "$HOME" '\''\'\'''\''q'\''\'\'''\'' `id` $(id) \ back; exit 3'\'' '\'''\'' '\'' lead'\'' '\''trail '\'' '\''semi;colon&amp|pipe>redir<in'\'' '\''new
-line'\'' REAPER_EOF '\'''\''\'\'''\'''\'' '\'''\''\'\'''\'''\''\'\'''\'''\'' '\''"'\'' '\''\'\'' '\''*'\'' '\''~'\'' '\''$IFS'\'' '\''#comment'\'' -e --entrypoint=evil '\''ünïcödé ✓'\'' '\''tab	here'\'' '\''crhere'\'' %s%n'
+l3'\'' REAPER_EOF '\'''\''\'\'''\'''\'' '\'''\''\'\'''\'''\''\'\'''\'''\'' '\''"'\'' '\''\'\'' '\''*'\'' '\''~'\'' '\''$IFS'\'' '\''#comment'\'' -e --entrypoint=evil '\''ünïcödé ✓'\'' '\''tab	here'\'' '\''crhere'\'' %s%n'
 REAPER_EOF_
 cat >"$root/etc/reaper/workload.env" <<'REAPER_EOF'
 PLAIN=v
@@ -336,7 +336,9 @@ DOLLAR=$HOME ${PATH} $(touch /tmp/pwned) `id`
 HASH=#x
 EQ=a=b=c
 EMPTY=
+TAB=a	b
 lower.dot-dash=ok
+NAME#HASH=h
 REAPER_EOF
 umask 022
 

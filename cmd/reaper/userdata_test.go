@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var userdataPodFlags = []string{"-namespace", "batch", "-name", "installer-7xk2p",
+	"-uid", "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b", "-container", "main", "-image", "registry.example.com/tools/installer:1.4"}
+
+// runUserdataCLI runs "reaper userdata" with args and returns what it wrote.
+func runUserdataCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "out")
+	if err := runUserdata(t.Context(), append([]string{"-out", out}, args...)); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b), nil
+}
+
+func TestUserdataCLICluster(t *testing.T) {
+	out, err := runUserdataCLI(t, append([]string{"-o", "launch", "-cluster", "prod-eu-1"}, userdataPodFlags...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ls struct {
+		Tags     map[string]string `json:"tags"`
+		HopLimit int               `json:"metadataHttpPutResponseHopLimit"`
+	}
+	if err := json.Unmarshal([]byte(out), &ls); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if ls.Tags["reaper.io/cluster"] != "prod-eu-1" || ls.HopLimit != 1 {
+		t.Errorf("-o launch: tags %v, hop limit %d", ls.Tags, ls.HopLimit)
+	}
+
+	out, err = runUserdataCLI(t, append([]string{"-o", "tags", "-cluster", "prod-eu-1", "-tag-key-cluster", "example.com/cluster"}, userdataPodFlags...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tags map[string]string
+	if err := json.Unmarshal([]byte(out), &tags); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if tags["example.com/cluster"] != "prod-eu-1" || tags["reaper.io/cluster"] != "" || len(tags) != 5 {
+		t.Errorf("-o tags -tag-key-cluster example.com/cluster: %v", tags)
+	}
+
+	for _, o := range []string{"userdata", "tags", "launch"} {
+		if _, err := runUserdataCLI(t, append([]string{"-o", o}, userdataPodFlags...)...); err == nil || !strings.Contains(err.Error(), "needs -cluster") {
+			t.Errorf("-o %s without -cluster: %v, want an error naming -cluster", o, err)
+		}
+	}
+	if _, err := runUserdataCLI(t, append([]string{"-o", "tags", "-cluster", "aws:prod"}, userdataPodFlags...)...); err == nil || !strings.Contains(err.Error(), "aws:") {
+		t.Errorf("-o tags -cluster aws:prod: %v, want an error", err)
+	}
+	// The host-side pieces do not carry the cluster.
+	if _, err := runUserdataCLI(t, "-o", "wrapper"); err != nil {
+		t.Errorf("-o wrapper without -cluster: %v", err)
+	}
+}
+
+func TestUserdataCLIEnvLineBreak(t *testing.T) {
+	_, err := runUserdataCLI(t, append([]string{"-cluster", "prod-eu-1", "-env", "PEM=a\nb"}, userdataPodFlags...)...)
+	if err == nil || !strings.Contains(err.Error(), "env[0] (PEM) value contains a line break") {
+		t.Errorf("-env with a line break: %v, want an error naming PEM", err)
+	}
+}
