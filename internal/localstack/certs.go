@@ -27,6 +27,9 @@ type kubeSecrets struct {
 	saKeyFile string // RSA key signing and verifying service account tokens
 	tokenFile string // --token-auth-file
 	token     string // bearer token of a system:masters user
+	// reaperToken is the bearer token of the user "reaper" in the group
+	// "reaper", the one deploy/rbac.yaml binds.
+	reaperToken string
 }
 
 func writeKubeSecrets(dir string) (*kubeSecrets, error) {
@@ -99,13 +102,15 @@ func writeKubeSecrets(dir string) (*kubeSecrets, error) {
 		return nil, err
 	}
 	s.token = hex.EncodeToString(tok)
+	s.reaperToken = rand.Text()
 
 	files := map[string][]byte{
 		s.certFile:  pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		s.keyFile:   pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
 		s.saKeyFile: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: saDER}),
 		// token,user,uid,"group,..."
-		s.tokenFile: fmt.Appendf(nil, "%s,reaper-admin,reaper-admin,\"system:masters\"\n", s.token),
+		s.tokenFile: fmt.Appendf(nil, "%s,reaper-admin,reaper-admin,\"system:masters\"\n%s,reaper,reaper,\"reaper\"\n",
+			s.token, s.reaperToken),
 	}
 	for path, data := range files {
 		if err := os.WriteFile(path, data, 0o600); err != nil {

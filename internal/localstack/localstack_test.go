@@ -196,6 +196,17 @@ func TestMissingBinaryNamesSetup(t *testing.T) {
 		!strings.Contains(err.Error(), `eval "$(hack/setup.sh)"`) {
 		t.Errorf("Start error = %v", err)
 	}
+	t.Setenv("REAPER_KUBE_CONTROLLER_MANAGER", "/nonexistent/kube-controller-manager")
+	_, err = localstack.Start(t.Context(), localstack.Options{Parts: localstack.Kube, Controllers: []string{"job-controller"}})
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/kube-controller-manager") ||
+		!strings.Contains(err.Error(), `eval "$(hack/setup.sh)"`) {
+		t.Errorf("Start with Controllers: error = %v", err)
+	}
+	// An alias would only time out on readiness: refused up front.
+	if _, err = localstack.Start(t.Context(), localstack.Options{Parts: localstack.Kube, Controllers: []string{"job"}}); err == nil ||
+		!strings.Contains(err.Error(), `"job" is not a canonical controller name`) {
+		t.Errorf("Start with an alias: error = %v", err)
+	}
 	_, err = localstack.StartFunction(t.Context(), os.Args[0], nil)
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/aws-lambda-rie") ||
 		!strings.Contains(err.Error(), `eval "$(hack/setup.sh)"`) {

@@ -1,20 +1,23 @@
 // Package localstack runs the real dependencies of Reaper on loopback for
-// integration tests and `make replay`: etcd plus kube-apiserver, dynalite
-// (DynamoDB), an in-process EC2 Query API server, and the Lambda runtime
-// interface emulator for the function binaries.
+// integration tests and `make replay`: etcd plus kube-apiserver (and, on
+// request, kube-controller-manager), dynalite (DynamoDB), an in-process EC2
+// Query API server, and the Lambda runtime interface emulator for the
+// function binaries.
 //
 // Binaries come from the environment printed by hack/setup.sh
-// (REAPER_ETCD, REAPER_KUBE_APISERVER, REAPER_DYNALITE, REAPER_RIE). Every
-// process listens on a free 127.0.0.1 port, runs in its own temporary
-// directory with its output in a log file there, and dies with the test
-// binary (Linux). Nothing listens on a default port, so a system etcd on
-// 2379 does not interfere.
+// (REAPER_ETCD, REAPER_KUBE_APISERVER, REAPER_KUBE_CONTROLLER_MANAGER,
+// REAPER_DYNALITE, REAPER_RIE). Every process listens on a free 127.0.0.1
+// port, runs in its own temporary directory with its output in a log file
+// there, and dies with the test binary (Linux). Nothing listens on a
+// default port, so a system etcd on 2379 does not interfere.
 package localstack
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -48,6 +51,10 @@ const (
 	All    = Kube | Dynamo | EC2
 )
 
+// Cluster is the name of the stack's Kubernetes cluster: the REAPER_CLUSTER
+// Reaper's functions run with, and the cluster tag of the instances they own.
+const Cluster = "reaper-local"
+
 // Region and the dummy credentials every AWS client of the stack uses.
 const (
 	Region          = "us-east-1"
@@ -61,6 +68,12 @@ type Options struct {
 	Parts Part
 	// Namespaces to create besides "default".
 	Namespaces []string
+	// Controllers are the kube-controller-manager controllers to run, by
+	// canonical name (the one in its /healthz, e.g. "job-controller",
+	// "garbage-collector-controller"); empty runs no controller-manager.
+	// They need the Kube part. Start waits until the controller-manager
+	// reports each one healthy.
+	Controllers []string
 	// ReadyTimeout bounds the wait for each process to answer; default 60s.
 	ReadyTimeout time.Duration
 	// KeepDir leaves Dir (logs, kubeconfig, keys, etcd data) after Stop.
@@ -88,14 +101,17 @@ type Stack struct {
 
 	opts       Options
 	restConfig *rest.Config
+	// reaperToken authenticates ReaperRESTConfig's user.
+	reaperToken string
 
-	mu            sync.Mutex
-	etcd          *process
-	apiserver     *process
-	apiserverBin  string
-	apiserverArgs []string
-	dynalite      *process
-	stopped       bool
+	mu                sync.Mutex
+	etcd              *process
+	apiserver         *process
+	apiserverBin      string
+	apiserverArgs     []string
+	controllerManager *process
+	dynalite          *process
+	stopped           bool
 }
 
 // Start launches the selected parts and waits until each one answers. On
@@ -108,7 +124,10 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 60 * time.Second
 	}
-	bins, err := lookupBinaries(opts.Parts)
+	if err := checkControllers(opts); err != nil {
+		return nil, err
+	}
+	bins, err := lookupBinaries(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -140,11 +159,28 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	return s, nil
 }
 
-type binaries struct{ etcd, apiserver, node, dynalite string }
+// checkControllers catches Options.Controllers that Start could only time
+// out on: readiness looks for each name among the controller-manager's
+// health checks, which carry canonical names ("job-controller"), not the
+// short aliases ("job") that --controllers also accepts.
+func checkControllers(opts Options) error {
+	if len(opts.Controllers) > 0 && opts.Parts&Kube == 0 {
+		return errors.New("localstack: Options.Controllers needs the Kube part")
+	}
+	for _, name := range opts.Controllers {
+		if !strings.HasSuffix(name, "-controller") {
+			return fmt.Errorf("localstack: Options.Controllers: %q is not a canonical controller name (like job-controller)", name)
+		}
+	}
+	return nil
+}
+
+type binaries struct{ etcd, apiserver, controllerManager, node, dynalite string }
 
 // lookupBinaries checks every tool the parts need up front, so one error
 // lists everything that is missing.
-func lookupBinaries(parts Part) (binaries, error) {
+func lookupBinaries(opts Options) (binaries, error) {
+	parts := opts.Parts
 	var b binaries
 	var errs []error
 	get := func(dst *string, env string) {
@@ -156,6 +192,9 @@ func lookupBinaries(parts Part) (binaries, error) {
 	if parts&Kube != 0 {
 		get(&b.etcd, "REAPER_ETCD")
 		get(&b.apiserver, "REAPER_KUBE_APISERVER")
+		if len(opts.Controllers) > 0 {
+			get(&b.controllerManager, "REAPER_KUBE_CONTROLLER_MANAGER")
+		}
 	}
 	if parts&Dynamo != 0 {
 		get(&b.dynalite, "REAPER_DYNALITE")
@@ -235,8 +274,9 @@ func (s *Stack) startKube(ctx context.Context, bins binaries) error {
 			"--tls-private-key-file=" + secrets.keyFile,
 			"--token-auth-file=" + secrets.tokenFile,
 			"--authorization-mode=RBAC",
-			// No controller-manager runs: nothing would maintain the
-			// kubernetes Service endpoints or mint service account tokens.
+			// Nothing maintains the kubernetes Service endpoints, and
+			// nothing mints service account tokens (a controller-manager
+			// from Options.Controllers gets no signing key).
 			"--endpoint-reconciler-type=none",
 			"--disable-admission-plugins=ServiceAccount",
 			"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -255,7 +295,76 @@ func (s *Stack) startKube(ctx context.Context, bins binaries) error {
 	if err != nil {
 		return err
 	}
-	return s.EnsureNamespaces(ctx, append([]string{"default"}, s.opts.Namespaces...)...)
+	if err := s.EnsureNamespaces(ctx, append([]string{"default"}, s.opts.Namespaces...)...); err != nil {
+		return err
+	}
+	if len(s.opts.Controllers) == 0 {
+		return nil
+	}
+	return retryPorts(func() error { return s.startControllerManager(ctx, bins.controllerManager, secrets) })
+}
+
+// startControllerManager runs kube-controller-manager with only
+// Options.Controllers, as the kubeconfig's system:masters user.
+func (s *Stack) startControllerManager(ctx context.Context, bin string, secrets *kubeSecrets) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	args := []string{
+		"--kubeconfig=" + s.KubeconfigPath,
+		"--controllers=" + strings.Join(s.opts.Controllers, ","),
+		// A single instance: no lease to acquire before the controllers
+		// start.
+		"--leader-elect=false",
+		// Per-controller service account credentials would need the token
+		// controller, and the stack mints no tokens.
+		"--use-service-account-credentials=false",
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(port),
+		// Serving certificate from our CA, so the readiness probe verifies
+		// TLS like every other client of the stack.
+		"--tls-cert-file=" + secrets.certFile,
+		"--tls-private-key-file=" + secrets.keyFile,
+	}
+	// Without --authentication-kubeconfig it looks for an in-cluster
+	// config to authenticate requests to its own endpoints: in a CI Pod
+	// that would be a real cluster. Anonymous /healthz is all the stack uses.
+	env := filterEnv(os.Environ(), "KUBERNETES_SERVICE_")
+	p, err := launch("kube-controller-manager", s.Dir, env, bin, args...)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.controllerManager = p
+	s.mu.Unlock()
+
+	hc, err := rest.HTTPClientFor(rest.AnonymousClientConfig(s.restConfig))
+	if err != nil {
+		return err
+	}
+	healthz := "https://" + hostPort(port) + "/healthz?verbose"
+	return p.waitReady(ctx, s.opts.ReadyTimeout, func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, healthz, nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		// /healthz answers ok as soon as it serves; each controller adds
+		// its own check only once it is built, after the controller-manager
+		// has reached the apiserver.
+		for _, name := range s.opts.Controllers {
+			if !bytes.Contains(body, []byte("[+]"+name+" ok\n")) {
+				return fmt.Errorf("no passing check %s yet in /healthz:\n%s", name, body)
+			}
+		}
+		return nil
+	})
 }
 
 func (s *Stack) startEtcd(ctx context.Context, bin string) (string, error) {
@@ -363,12 +472,22 @@ func (s *Stack) configureKube(host string, secrets *kubeSecrets) error {
 		return err
 	}
 	s.KubeconfigPath, s.restConfig, s.Kube = path, rc, kube
+	s.reaperToken = secrets.reaperToken
 	return nil
 }
 
 // RESTConfig returns a copy of the client configuration for the apiserver.
 func (s *Stack) RESTConfig() *rest.Config {
 	return rest.CopyConfig(s.restConfig)
+}
+
+// ReaperRESTConfig returns a client configuration for the apiserver as the
+// user "reaper" in the group "reaper", which deploy/rbac.yaml binds. The
+// user may do nothing until that is applied.
+func (s *Stack) ReaperRESTConfig() *rest.Config {
+	c := rest.AnonymousClientConfig(s.restConfig)
+	c.BearerToken = s.reaperToken
+	return c
 }
 
 // StopAPIServer kills the apiserver (etcd keeps running) to simulate a
@@ -421,8 +540,9 @@ func (s *Stack) StartAPIServer(ctx context.Context) error {
 	return nil
 }
 
-// EnsureNamespaces creates the namespaces that do not exist yet. No
-// controller-manager runs, so even "default" may be missing on a fresh etcd.
+// EnsureNamespaces creates the namespaces that do not exist yet. Even
+// "default" may be missing on a fresh etcd right after the apiserver is
+// ready.
 func (s *Stack) EnsureNamespaces(ctx context.Context, names ...string) error {
 	for _, name := range names {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
@@ -436,7 +556,8 @@ func (s *Stack) EnsureNamespaces(ctx context.Context, names ...string) error {
 
 // Env is the environment a Lambda bootstrap or a CLI child process needs to
 // reach the stack: AWS endpoints, region and dummy credentials, and
-// KUBECONFIG. Append REAPER_TABLE and friends yourself.
+// KUBECONFIG with the cluster's name (REAPER_CLUSTER). Append REAPER_TABLE
+// and friends yourself.
 func (s *Stack) Env() []string {
 	env := []string{
 		"AWS_REGION=" + Region,
@@ -452,7 +573,7 @@ func (s *Stack) Env() []string {
 		env = append(env, "AWS_ENDPOINT_URL_EC2="+s.EC2.URL())
 	}
 	if s.KubeconfigPath != "" {
-		env = append(env, "KUBECONFIG="+s.KubeconfigPath)
+		env = append(env, "KUBECONFIG="+s.KubeconfigPath, "REAPER_CLUSTER="+Cluster)
 	}
 	return env
 }
@@ -494,10 +615,11 @@ func (e endpointSource) GetServiceBaseEndpoint(_ context.Context, sdkID string) 
 func (s *Stack) Stop() {
 	s.mu.Lock()
 	s.stopped = true
-	api, dyn := s.apiserver, s.dynalite
-	s.apiserver, s.dynalite = nil, nil
+	kcm, api, dyn := s.controllerManager, s.apiserver, s.dynalite
+	s.controllerManager, s.apiserver, s.dynalite = nil, nil, nil
 	s.mu.Unlock()
 
+	kcm.stop()
 	api.stop()
 	dyn.stop()
 	s.stopEtcd()
