@@ -348,7 +348,7 @@ func (sb *sandbox) floor(ctx context.Context, p *pass, i int) error {
 	if err := json.Unmarshal(p.payloads[i], &ev); err != nil {
 		return err
 	}
-	batch, err := exitline.FromLogsEvent(ev)
+	batch, err := exitline.FromLogsEvent(ev, time.Now())
 	if err != nil {
 		return err
 	}
@@ -356,7 +356,7 @@ func (sb *sandbox) floor(ctx context.Context, p *pass, i int) error {
 		return fmt.Errorf("%d lines", len(batch.Lines))
 	}
 	ref, exit := reaper.FromLine(batch.Lines[0])
-	rec, err := sb.table.RecordExit(ctx, batch.InstanceID, ref, exit)
+	rec, err := sb.table.RecordExit(ctx, batch.InstanceID, ref, exit, true)
 	if err != nil {
 		return err
 	}

@@ -188,7 +188,7 @@ func (w *world) newSandbox(ctx context.Context, v variant, known knownInstances)
 		return nil, err
 	}
 	tbl := ledger.New(dynamodb.NewFromConfig(awsCfg), w.cfg.Table)
-	fleet := instances.NewFleet(ec2.NewFromConfig(awsCfg), w.cfg.Tags, w.cfg.DryRun)
+	fleet := instances.NewFleet(ec2.NewFromConfig(awsCfg), w.cfg.Tags, w.cfg.Cluster, w.cfg.DryRun)
 	r := &reaper.Reaper{
 		Ledger: tbl,
 		Pods:   kube.NewStatusWriter(kc, w.cfg.DryRun),

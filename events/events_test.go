@@ -208,7 +208,7 @@ func TestExitRecorderEvents(t *testing.T) {
 			if !reflect.DeepEqual(data, want.data) {
 				t.Fatalf("payload differs from its definition (run go test ./events -update):\n got %+v\nwant %+v", data, want.data)
 			}
-			batch, err := exitline.FromLogsEvent(ev)
+			batch, err := exitline.FromLogsEvent(ev, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -267,18 +267,22 @@ func TestPodReplacedIsUntouched(t *testing.T) {
 	}
 }
 
+// A line from an instance without the managed tag is not believed: the
+// Pod it names is left alone, and the instance too.
 func TestUnmanagedInstanceKept(t *testing.T) {
 	t.Parallel()
 	sc := prepare(t, "unmanaged", corev1.RestartPolicyNever, func(Subject) bool { return false })
 	sum := invokeExit(t, sc.Payloads("exitrecorder")[0])
-	if sum.Terminate != "not-managed" {
+	if sum.Terminate != "" || sum.PodResult != "" || sum.Rejected != 1 || sum.RejectedFor[reaper.DistrustNotManaged] != 1 {
 		t.Fatalf("summary %+v", sum)
 	}
 	id := sc.Instances["job-unmanaged"]
 	if terminateCalls(id) != 0 || instanceState(t, id) != ec2server.Running {
 		t.Fatal("unmanaged instance was terminated")
 	}
-	wantEnded(t, getPod(t, "jobs", "job-unmanaged"), corev1.PodSucceeded, 0, "Completed")
+	if pod := getPod(t, "jobs", "job-unmanaged"); pod.Status.Phase != corev1.PodRunning || pod.ResourceVersion != sc.Pods["job-unmanaged"].ResourceVersion {
+		t.Fatalf("the Pod of an unmanaged instance was written: %+v", pod.Status)
+	}
 }
 
 // Restarts under restartPolicy Always keep the Pod Running with the count
@@ -301,8 +305,10 @@ func TestRestartsKeepPodRunning(t *testing.T) {
 	if terminateCalls(id) != 0 || instanceState(t, id) != ec2server.Running {
 		t.Fatal("instance of a restarting pod was terminated")
 	}
-	if n := lookups(id); n != 0 {
-		t.Fatalf("%d tag lookups for exits that keep the instance", n)
+	// Restart lines are checked against the tags too: one lookup per
+	// delivery, and still no terminate.
+	if n := lookups(id); n != 2 {
+		t.Fatalf("%d tag lookups for 2 deliveries", n)
 	}
 }
 

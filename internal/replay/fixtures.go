@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/instances"
 )
@@ -85,10 +86,24 @@ func BareContainerID(pod *corev1.Pod) string {
 }
 
 // AddInstance puts an instance for the Pod on the EC2 test server, tagged
-// as the provider tags it (managed=false leaves the managed tag off).
+// as the provider tags it for the stack's cluster (managed=false leaves the
+// managed tag off).
 func (l *Lab) AddInstance(id string, pod *corev1.Pod, managed bool) {
+	l.AddTaggedInstance(id, InstanceTags(pod, managed, localstack.Cluster))
+}
+
+// AddTaggedInstance puts a running instance with these tags on the EC2 test
+// server.
+func (l *Lab) AddTaggedInstance(id string, tags map[string]string) {
+	l.Stack.EC2.AddInstance(ec2server.Instance{ID: id, State: ec2server.Running, Tags: tags, LaunchTime: time.Now().Add(-time.Hour)})
+}
+
+// InstanceTags are the launch tags a provider writes for the Pod's
+// instance in cluster (managed=false leaves the managed tag off).
+func InstanceTags(pod *corev1.Pod, managed bool, cluster string) map[string]string {
 	keys := instances.DefaultTagKeys()
 	tags := map[string]string{
+		keys.Cluster:      cluster,
 		keys.PodNamespace: pod.Namespace,
 		keys.PodName:      pod.Name,
 		keys.PodUID:       string(pod.UID),
@@ -96,7 +111,7 @@ func (l *Lab) AddInstance(id string, pod *corev1.Pod, managed bool) {
 	if managed {
 		tags[keys.Managed] = "true"
 	}
-	l.Stack.EC2.AddInstance(ec2server.Instance{ID: id, State: ec2server.Running, Tags: tags, LaunchTime: time.Now().Add(-time.Hour)})
+	return tags
 }
 
 // Step is one recorded event of a scenario: a file named

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/app"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/instances"
@@ -124,13 +126,6 @@ func newPropHarness(t *testing.T, sc propScenario) *propHarness {
 	ctx := t.Context()
 	h := &propHarness{sc: sc, ns: "prop-" + sc.name, ec2: ec2server.New()}
 	t.Cleanup(h.ec2.Close)
-	cfg := lab.Stack.AWSConfig(ctx)
-	cfg.Retryer = app.Retryer // as the functions have it
-	db := dynamodb.NewFromConfig(cfg)
-	table := "prop-" + sc.name
-	if err := ledger.CreateTable(ctx, db, table); err != nil {
-		t.Fatal(err)
-	}
 	kc, err := kubernetes.NewForConfig(lab.Stack.RESTConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -139,20 +134,53 @@ func newPropHarness(t *testing.T, sc propScenario) *propHarness {
 		t.Fatal(err)
 	}
 	h.writes = watchWrites(t, kc, h.ns)
-	core, err := kube.NewClient(lab.Stack.RESTConfig())
+	h.core = newPropCore(t, propCore{table: "prop-" + sc.name, ec2: h.ec2, cluster: localstack.Cluster, clock: &h.clock})
+	return h
+}
+
+// propCore says how to wire one in-process Reaper for a property test.
+type propCore struct {
+	table   string
+	ec2     *ec2server.Server
+	cluster string
+	clock   *atomic.Int64 // unix nanos
+	// ec2Wrap and kubeWrap, when set, see every request the core sends.
+	ec2Wrap, kubeWrap func(http.RoundTripper) http.RoundTripper
+}
+
+// newPropCore wires Reaper's core as the handlers wire it, against the
+// real apiserver and dynalite, with its own ledger table, and the given
+// EC2 test server, cluster and clock.
+func newPropCore(t *testing.T, c propCore) *reaper.Reaper {
+	ctx := t.Context()
+	cfg := lab.Stack.AWSConfig(ctx)
+	cfg.Retryer = app.Retryer // as the functions have it
+	db := dynamodb.NewFromConfig(cfg)
+	if err := ledger.CreateTable(ctx, db, c.table); err != nil {
+		t.Fatal(err)
+	}
+	rc := lab.Stack.RESTConfig()
+	if c.kubeWrap != nil {
+		rc.Wrap(c.kubeWrap)
+	}
+	core, err := kube.NewClient(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.core = &reaper.Reaper{
-		Ledger: ledger.New(db, table),
+	ec2Client := ec2.NewFromConfig(cfg, func(o *ec2.Options) {
+		o.BaseEndpoint = new(c.ec2.URL())
+		if c.ec2Wrap != nil {
+			o.HTTPClient = &http.Client{Transport: c.ec2Wrap(http.DefaultTransport.(*http.Transport).Clone())}
+		}
+	})
+	return &reaper.Reaper{
+		Ledger: ledger.New(db, c.table),
 		Pods:   kube.NewStatusWriter(core, false),
-		Fleet: instances.NewFleet(ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = new(h.ec2.URL()) }),
-			instances.DefaultTagKeys(), false),
+		Fleet:  instances.NewFleet(ec2Client, instances.DefaultTagKeys(), c.cluster, false),
 		Policy: reaper.Policy{ExitWait: propWindow, TerminateStopped: true},
 		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Now:    func() time.Time { return time.Unix(0, h.clock.Load()) },
+		Now:    func() time.Time { return time.Unix(0, c.clock.Load()) },
 	}
-	return h
 }
 
 // run plays one interleaving (rng nil: in order, once each) for a fresh Pod
@@ -167,10 +195,8 @@ func (h *propHarness) run(t *testing.T, n int, rng *rand.Rand) string {
 		t.Fatal(err)
 	}
 	id := fmt.Sprintf("i-%017x", 0x0b0b000000000000+uint64(n)+uint64(len(h.sc.name))<<32)
-	keys := instances.DefaultTagKeys()
-	h.ec2.AddInstance(ec2server.Instance{ID: id, State: ec2server.Running, LaunchTime: start.Add(-time.Hour), Tags: map[string]string{
-		keys.Managed: "true", keys.PodNamespace: h.ns, keys.PodName: name, keys.PodUID: string(pod.UID),
-	}})
+	h.ec2.AddInstance(ec2server.Instance{ID: id, State: ec2server.Running, LaunchTime: start.Add(-time.Hour),
+		Tags: InstanceTags(pod, true, localstack.Cluster)})
 	if h.sc.endedElsewhere {
 		patch := []byte(`{"status":{"phase":"Failed","reason":"Evicted","containerStatuses":[{"name":"main","image":"busybox","imageID":"","ready":false,"restartCount":0,"state":{"terminated":{"exitCode":2,"reason":"Error"}}}]}}`)
 		if _, err := lab.Stack.Kube.CoreV1().Pods(h.ns).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
@@ -222,21 +248,7 @@ func (h *propHarness) run(t *testing.T, n int, rng *rand.Rand) string {
 func (h *propHarness) play(t *testing.T, e propEvent, id string, pod *corev1.Pod, start time.Time) {
 	ctx := t.Context()
 	if e.exit != nil {
-		l := *e.exit
-		l.Reaper, l.V, l.InstanceID = exitline.Kind, exitline.Version, id
-		l.PodNamespace, l.PodName, l.PodUID, l.Container = pod.Namespace, pod.Name, string(pod.UID), "main"
-		l.StartedAt, l.FinishedAt = start.Add(-time.Hour), start.Add(e.at)
-		msg, _ := json.Marshal(l)
-		ev, err := exitline.Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: id,
-			LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Message: string(msg)}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := exitline.FromLogsEvent(ev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := h.core.HandleExits(ctx, b); err != nil {
+		if _, err := h.core.HandleExits(ctx, exitBatch(t, *e.exit, id, pod, start.Add(e.at), h.core.Now())); err != nil {
 			t.Fatalf("exit: %v", err)
 		}
 		return
@@ -247,6 +259,26 @@ func (h *propHarness) play(t *testing.T, e propEvent, id string, pod *corev1.Pod
 	if _, err := h.core.HandleStateChange(ctx, statechange.Message{InstanceID: id, State: e.state, Time: start.Add(e.at)}); err != nil {
 		t.Fatalf("state change: %v", err)
 	}
+}
+
+// exitBatch is the batch the exitrecorder makes of one exit line for the
+// Pod on instance id, finished at finished and received at now.
+func exitBatch(t *testing.T, l exitline.Line, id string, pod *corev1.Pod, finished, now time.Time) exitline.Batch {
+	t.Helper()
+	l.Reaper, l.V, l.InstanceID = exitline.Kind, exitline.Version, id
+	l.PodNamespace, l.PodName, l.PodUID, l.Container = pod.Namespace, pod.Name, string(pod.UID), "main"
+	l.StartedAt, l.FinishedAt = finished.Add(-time.Hour), finished
+	msg, _ := json.Marshal(l)
+	ev, err := exitline.Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: id,
+		LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Message: string(msg)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := exitline.FromLogsEvent(ev, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // endState renders what must not depend on the order: the Pod's phase,

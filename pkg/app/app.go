@@ -74,7 +74,7 @@ func New(ctx context.Context) (*reaper.Reaper, config.Config, error) {
 	return &reaper.Reaper{
 		Ledger: ledger.New(dynamodb.NewFromConfig(awsCfg), cfg.Table),
 		Pods:   kube.NewStatusWriter(kc, cfg.DryRun),
-		Fleet:  instances.NewFleet(ec2.NewFromConfig(awsCfg), cfg.Tags, cfg.DryRun),
+		Fleet:  instances.NewFleet(ec2.NewFromConfig(awsCfg), cfg.Tags, cfg.Cluster, cfg.DryRun),
 		Policy: reaper.Policy{ExitWait: cfg.ExitWait, TerminateStopped: cfg.TerminateStopped},
 		DryRun: cfg.DryRun,
 		Log:    Logger(cfg.LogLevel),

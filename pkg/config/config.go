@@ -17,6 +17,9 @@ import (
 type Config struct {
 	// Table is the ledger table (REAPER_TABLE, required).
 	Table string
+	// Cluster names the cluster this deployment serves (REAPER_CLUSTER,
+	// required): only instances tagged with it are Reaper's.
+	Cluster string
 	// DryRun decides and logs, changes nothing (REAPER_DRY_RUN, default false).
 	DryRun bool
 	// ExitWait is how long after an instance is gone a late exit line still
@@ -28,7 +31,7 @@ type Config struct {
 	// TerminateStopped terminates managed instances that stop
 	// (REAPER_TERMINATE_STOPPED, default true).
 	TerminateStopped bool
-	// Tags are the instance tag keys (REAPER_TAG_MANAGED,
+	// Tags are the instance tag keys (REAPER_TAG_MANAGED, REAPER_TAG_CLUSTER,
 	// REAPER_TAG_POD_NAMESPACE, REAPER_TAG_POD_NAME, REAPER_TAG_POD_UID).
 	Tags instances.TagKeys
 	// Kube says how to reach the Kubernetes API: exactly one of
@@ -59,6 +62,7 @@ const (
 func FromEnv(getenv func(string) string) (Config, error) {
 	c := Config{
 		Table:            getenv("REAPER_TABLE"),
+		Cluster:          getenv("REAPER_CLUSTER"),
 		ExitWait:         DefaultExitWait,
 		OrphanGrace:      DefaultOrphanGrace,
 		TerminateStopped: true,
@@ -73,6 +77,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if c.Table == "" {
 		errs = append(errs, errors.New("REAPER_TABLE is not set (the ledger table name)"))
 	}
+	if c.Cluster == "" {
+		errs = append(errs, errors.New("REAPER_CLUSTER is not set (the cluster whose instances this deployment owns)"))
+	}
 	errs = append(errs,
 		parse(getenv, "REAPER_DRY_RUN", &c.DryRun, strconv.ParseBool),
 		parse(getenv, "REAPER_TERMINATE_STOPPED", &c.TerminateStopped, strconv.ParseBool),
@@ -85,6 +92,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		key  *string
 	}{
 		{"REAPER_TAG_MANAGED", &c.Tags.Managed},
+		{"REAPER_TAG_CLUSTER", &c.Tags.Cluster},
 		{"REAPER_TAG_POD_NAMESPACE", &c.Tags.PodNamespace},
 		{"REAPER_TAG_POD_NAME", &c.Tags.PodName},
 		{"REAPER_TAG_POD_UID", &c.Tags.PodUID},

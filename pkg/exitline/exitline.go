@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Kind and Version identify exit line v1; the subscription filter selects
@@ -55,7 +56,26 @@ type Line struct {
 	BackoffSeconds int `json:"backoffSeconds,omitempty"`
 }
 
-var instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
+var (
+	instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
+	uidPattern        = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+)
+
+// Input limits. A host writes the line, so every field Reaper stores or
+// writes into a Pod is bounded: a line outside them is rejected, never
+// truncated.
+const (
+	// MaxRestartCount bounds restartCount; a counter this high is a bug or
+	// a forgery, and a forged one would shadow every later real exit.
+	MaxRestartCount = 1_000_000
+	// MaxBackoffSeconds is the supervisor's backoff cap (the kubelet's).
+	MaxBackoffSeconds = 300
+	// MaxErrorBytes bounds the free-text error.
+	MaxErrorBytes = 4 << 10
+	// MaxClockSkew is how far in the future finishedAt may lie: the host's
+	// clock may run a little ahead, not hours.
+	MaxClockSkew = 5 * time.Minute
+)
 
 // ValidInstanceID reports whether id has the shape of an EC2 instance id.
 func ValidInstanceID(id string) bool { return instanceIDPattern.MatchString(id) }
@@ -84,11 +104,19 @@ func (l Line) Validate() error {
 	if !ValidInstanceID(l.InstanceID) {
 		errs = append(errs, fmt.Errorf("instanceId %q is not an EC2 instance id", l.InstanceID))
 	}
-	for _, f := range []struct{ name, value string }{
-		{"podNamespace", l.PodNamespace}, {"podName", l.PodName}, {"podUID", l.PodUID}, {"container", l.Container},
+	for _, f := range []struct {
+		name, value string
+		check       func(string) []string
+	}{
+		{"podNamespace", l.PodNamespace, validation.IsDNS1123Label},
+		{"podName", l.PodName, validation.IsDNS1123Subdomain},
+		{"podUID", l.PodUID, isUID},
+		{"container", l.Container, validation.IsDNS1123Label},
 	} {
 		if f.value == "" {
 			errs = append(errs, fmt.Errorf("%s is missing", f.name))
+		} else if problems := f.check(f.value); len(problems) > 0 {
+			errs = append(errs, fmt.Errorf("%s %.80q: %s", f.name, f.value, problems[0]))
 		}
 	}
 	if l.ExitCode < -1 || l.ExitCode > 255 {
@@ -97,8 +125,14 @@ func (l Line) Validate() error {
 	if l.ExitCode == -1 && l.Error == "" {
 		errs = append(errs, errors.New("exitCode -1 (unknown) needs an error"))
 	}
-	if l.RestartCount < 0 {
-		errs = append(errs, fmt.Errorf("restartCount %d is negative", l.RestartCount))
+	if l.RestartCount < 0 || l.RestartCount > MaxRestartCount {
+		errs = append(errs, fmt.Errorf("restartCount %d is out of range 0..%d", l.RestartCount, MaxRestartCount))
+	}
+	if l.BackoffSeconds < 0 || l.BackoffSeconds > MaxBackoffSeconds {
+		errs = append(errs, fmt.Errorf("backoffSeconds %d is out of range 0..%d", l.BackoffSeconds, MaxBackoffSeconds))
+	}
+	if len(l.Error) > MaxErrorBytes {
+		errs = append(errs, fmt.Errorf("error is %d bytes, more than %d", len(l.Error), MaxErrorBytes))
 	}
 	if l.FinishedAt.IsZero() {
 		errs = append(errs, errors.New("finishedAt is missing"))
@@ -111,10 +145,30 @@ func (l Line) Validate() error {
 	return nil
 }
 
+func isUID(s string) []string {
+	if !uidPattern.MatchString(s) {
+		return []string{"not a UUID"}
+	}
+	return nil
+}
+
+// Why a log event was rejected, as counted in summaries and metrics.
+const (
+	// ReasonInvalid: not an exit line v1, or a field out of its limits.
+	ReasonInvalid = "invalid"
+	// ReasonOtherInstance: the line names another instance than the log
+	// stream it was written to.
+	ReasonOtherInstance = "other-instance"
+	// ReasonFuture: finishedAt lies further ahead than MaxClockSkew.
+	ReasonFuture = "finished-in-future"
+)
+
 // Rejection is a log event that did not yield a usable exit line.
 type Rejection struct {
 	EventID string
-	Err     error
+	// Reason is one of the Reason constants (callers add their own).
+	Reason string
+	Err    error
 }
 
 // Batch is what one subscription payload carries. CloudWatch Logs delivers
@@ -136,10 +190,11 @@ type Batch struct {
 // id: no line in it can be attributed to an instance.
 var ErrBadStream = errors.New("log stream is not an EC2 instance id")
 
-// FromLogsEvent decodes a CloudWatch Logs subscription event. A line whose
-// instanceId differs from the log stream is rejected: the stream name is set
-// by the CloudWatch agent from the instance's own metadata, the body is not.
-func FromLogsEvent(ev events.CloudwatchLogsEvent) (Batch, error) {
+// FromLogsEvent decodes a CloudWatch Logs subscription event received at
+// now. A line whose instanceId differs from the log stream is rejected: the
+// stream name is set by the CloudWatch agent from the instance's own
+// metadata, the body is not. A batch keeps one line per restart count.
+func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) {
 	data, err := ev.AWSLogs.Parse()
 	if err != nil {
 		return Batch{}, fmt.Errorf("decode subscription payload: %w", err)
@@ -155,11 +210,16 @@ func FromLogsEvent(ev events.CloudwatchLogsEvent) (Batch, error) {
 	seen := make(map[int32]bool, len(data.LogEvents))
 	for _, e := range data.LogEvents {
 		l, err := Parse([]byte(e.Message))
-		if err == nil && l.InstanceID != data.LogStream {
-			err = fmt.Errorf("instanceId %s does not match log stream %s", l.InstanceID, data.LogStream)
+		reason := ReasonInvalid
+		switch {
+		case err != nil:
+		case l.InstanceID != data.LogStream:
+			reason, err = ReasonOtherInstance, fmt.Errorf("instanceId %s does not match log stream %s", l.InstanceID, data.LogStream)
+		case l.FinishedAt.After(now.Add(MaxClockSkew)):
+			reason, err = ReasonFuture, fmt.Errorf("finishedAt %s is more than %s after %s", l.FinishedAt.Format(time.RFC3339), MaxClockSkew, now.UTC().Format(time.RFC3339))
 		}
 		if err != nil {
-			b.Rejected = append(b.Rejected, Rejection{EventID: e.ID, Err: err})
+			b.Rejected = append(b.Rejected, Rejection{EventID: e.ID, Reason: reason, Err: err})
 			continue
 		}
 		if seen[l.RestartCount] {

@@ -3,6 +3,7 @@ package exitline
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 )
@@ -34,6 +35,13 @@ func TestParseRejects(t *testing.T) {
 		"unknown no why":  {strings.Replace(good, `"exitCode":0`, `"exitCode":-1`, 1), "needs an error"},
 		"no finish":       {strings.Replace(good, `"finishedAt":"2026-11-30T07:00:00.5Z",`, ``, 1), "finishedAt is missing"},
 		"time travel":     {strings.Replace(good, `07:00:00.5Z`, `05:00:00Z`, 1), "before startedAt"},
+		"namespace shape": {strings.Replace(good, `"podNamespace":"ml"`, `"podNamespace":"ML/../x"`, 1), `podNamespace "ML/../x"`},
+		"name shape":      {strings.Replace(good, `"podName":"train-0"`, `"podName":"`+strings.Repeat("a", 254)+`"`, 1), "podName"},
+		"uid shape":       {strings.Replace(good, `6b9a1c2e-0000-4000-8000-000000000001`, `6b9a1c2e`, 1), "not a UUID"},
+		"container shape": {strings.Replace(good, `"container":"main"`, `"container":"Main_1"`, 1), `container "Main_1"`},
+		"restart count":   {strings.Replace(good, `"restartCount":0`, `"restartCount":1000001`, 1), "restartCount 1000001 is out of range"},
+		"backoff":         {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"backoffSeconds":301`, 1), "backoffSeconds 301 is out of range"},
+		"long error":      {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"error":"`+strings.Repeat("x", 4097)+`"`, 1), "error is 4097 bytes"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.line))
@@ -57,28 +65,59 @@ func TestFromLogsEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := FromLogsEvent(ev)
+	b, err := FromLogsEvent(ev, received)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(b.Lines) != 2 || b.Lines[0].RestartCount != 0 || b.Lines[1].RestartCount != 1 {
 		t.Fatalf("lines not deduplicated and ordered: %+v", b.Lines)
 	}
-	if len(b.Rejected) != 2 || b.Rejected[0].EventID != "3" || !strings.Contains(b.Rejected[1].Err.Error(), "does not match log stream") {
+	if len(b.Rejected) != 2 || b.Rejected[0].EventID != "3" || b.Rejected[0].Reason != ReasonInvalid ||
+		b.Rejected[1].Reason != ReasonOtherInstance || !strings.Contains(b.Rejected[1].Err.Error(), "does not match log stream") {
 		t.Fatalf("rejected: %+v", b.Rejected)
+	}
+}
+
+// received is when the test payloads arrive: the good line finished a
+// minute before.
+var received = time.Date(2026, 11, 30, 7, 1, 0, 0, time.UTC)
+
+// A line may finish a little after the receiver's clock (skew), not later.
+func TestFromLogsEventFuture(t *testing.T) {
+	ev, err := Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: "i-0123456789abcdef0",
+		LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Message: good}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	finished := time.Date(2026, 11, 30, 7, 0, 0, 5e8, time.UTC)
+	for _, tc := range []struct {
+		now  time.Time
+		want int // lines kept
+	}{
+		{finished, 1},
+		{finished.Add(-MaxClockSkew), 1},
+		{finished.Add(-MaxClockSkew - time.Millisecond), 0},
+	} {
+		b, err := FromLogsEvent(ev, tc.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b.Lines) != tc.want || (tc.want == 0 && (len(b.Rejected) != 1 || b.Rejected[0].Reason != ReasonFuture)) {
+			t.Fatalf("now %s: lines %d rejected %+v", tc.now, len(b.Lines), b.Rejected)
+		}
 	}
 }
 
 func TestFromLogsEventStreamAndControl(t *testing.T) {
 	bad, _ := Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: "ip-10-0-0-1", LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Message: good}}})
-	if _, err := FromLogsEvent(bad); err == nil || !strings.Contains(err.Error(), "not an EC2 instance id") {
+	if _, err := FromLogsEvent(bad, received); err == nil || !strings.Contains(err.Error(), "not an EC2 instance id") {
 		t.Fatalf("bad stream: %v", err)
 	}
 	ctl, _ := Encode(events.CloudwatchLogsData{MessageType: "CONTROL_MESSAGE", LogStream: "test"})
-	if b, err := FromLogsEvent(ctl); err != nil || !b.Control {
+	if b, err := FromLogsEvent(ctl, received); err != nil || !b.Control {
 		t.Fatalf("control: %+v %v", b, err)
 	}
-	if _, err := FromLogsEvent(events.CloudwatchLogsEvent{AWSLogs: events.CloudwatchLogsRawData{Data: "!!"}}); err == nil {
+	if _, err := FromLogsEvent(events.CloudwatchLogsEvent{AWSLogs: events.CloudwatchLogsRawData{Data: "!!"}}, received); err == nil {
 		t.Fatal("undecodable payload accepted")
 	}
 }

@@ -1,6 +1,7 @@
-// Package instances is Reaper's view of EC2: which instances it manages,
-// what state they are in, and terminating them. Only instances carrying the
-// managed tag are ever terminated (the deployed IAM policy enforces the same).
+// Package instances is Reaper's view of EC2: which instances it owns, what
+// state they are in, and terminating them. An instance is a deployment's
+// only when it carries the managed tag and the deployment's cluster tag;
+// only those are ever terminated (the deployed IAM policy enforces the same).
 package instances
 
 import (
@@ -43,7 +44,10 @@ func Ending(state string) bool { return state == ShuttingDown || state == Termin
 
 // TagKeys are the tag keys a provider writes at launch.
 type TagKeys struct {
-	Managed      string
+	Managed string
+	// Cluster names the cluster whose Pod the instance runs: an instance is
+	// a deployment's only when this tag equals its REAPER_CLUSTER.
+	Cluster      string
 	PodNamespace string
 	PodName      string
 	PodUID       string
@@ -53,32 +57,40 @@ type TagKeys struct {
 func DefaultTagKeys() TagKeys {
 	return TagKeys{
 		Managed:      "reaper.io/managed",
+		Cluster:      "reaper.io/cluster",
 		PodNamespace: "reaper.io/pod-namespace",
 		PodName:      "reaper.io/pod-name",
 		PodUID:       "reaper.io/pod-uid",
 	}
 }
 
-// Instance is what Reaper needs to know of an EC2 instance.
+// Instance is what Reaper needs to know of an EC2 instance: its state and
+// what its launch tags say.
 type Instance struct {
-	ID         string
-	State      string
-	Managed    bool
+	ID    string
+	State string
+	// Managed: the managed tag says "true".
+	Managed bool
+	// Cluster is the cluster tag's value.
+	Cluster string
+	// Owned: managed, and the cluster tag names this deployment's cluster.
+	Owned      bool
 	Pod        ledger.PodRef
 	LaunchTime time.Time
 }
 
-// Fleet reads and terminates instances through the EC2 API.
+// Fleet reads and terminates one deployment's instances through the EC2 API.
 type Fleet struct {
-	client *ec2.Client
-	keys   TagKeys
-	dryRun bool
+	client  *ec2.Client
+	keys    TagKeys
+	cluster string
+	dryRun  bool
 }
 
-// NewFleet returns a Fleet. With dryRun, Terminate decides and reports but
-// sends no TerminateInstances.
-func NewFleet(client *ec2.Client, keys TagKeys, dryRun bool) *Fleet {
-	return &Fleet{client: client, keys: keys, dryRun: dryRun}
+// NewFleet returns the Fleet of the instances tagged for cluster. With
+// dryRun, Terminate decides and reports but sends no TerminateInstances.
+func NewFleet(client *ec2.Client, keys TagKeys, cluster string, dryRun bool) *Fleet {
+	return &Fleet{client: client, keys: keys, cluster: cluster, dryRun: dryRun}
 }
 
 // EC2 accepts at most this many values in one filter; instance-id filters
@@ -99,12 +111,14 @@ func (f *Fleet) Describe(ctx context.Context, ids []string) (map[string]Instance
 	return found, nil
 }
 
-// ListManaged calls fn for every instance carrying the managed tag, in any
-// state (terminated ones stay visible for about an hour), a page at a time.
-func (f *Fleet) ListManaged(ctx context.Context, fn func(Instance) error) error {
+// ListOwned calls fn for every instance this deployment owns (the managed
+// and the cluster tag), in any state (terminated ones stay visible for about
+// an hour), a page at a time.
+func (f *Fleet) ListOwned(ctx context.Context, fn func(Instance) error) error {
 	return f.describe(ctx, &ec2.DescribeInstancesInput{
 		Filters: []types.Filter{
 			{Name: aws.String("tag:" + f.keys.Managed), Values: []string{"true"}},
+			{Name: aws.String("tag:" + f.keys.Cluster), Values: []string{f.cluster}},
 		},
 		MaxResults: aws.Int32(1000),
 	}, fn)
@@ -138,6 +152,8 @@ func (f *Fleet) instance(i types.Instance) Instance {
 		switch aws.ToString(t.Key) {
 		case f.keys.Managed:
 			out.Managed = v == "true"
+		case f.keys.Cluster:
+			out.Cluster = v
 		case f.keys.PodNamespace:
 			out.Pod.Namespace = v
 		case f.keys.PodName:
@@ -146,6 +162,7 @@ func (f *Fleet) instance(i types.Instance) Instance {
 			out.Pod.UID = v
 		}
 	}
+	out.Owned = out.Managed && out.Cluster == f.cluster
 	return out
 }
 
@@ -158,8 +175,9 @@ const (
 	Terminating Outcome = "terminating"
 	// AlreadyGone: it was shutting down or terminated, or EC2 does not know it.
 	AlreadyGone Outcome = "already-gone"
-	// NotManaged: it lacks the managed tag; Reaper never terminates it.
-	NotManaged Outcome = "not-managed"
+	// NotOwned: it lacks the managed tag or belongs to another cluster;
+	// Reaper never terminates it.
+	NotOwned Outcome = "not-owned"
 	// WouldTerminate: dry run.
 	WouldTerminate Outcome = "would-terminate"
 )
@@ -167,7 +185,7 @@ const (
 // TerminateInstances takes at most this many ids a call.
 const terminateChunk = 1000
 
-// Terminate ends the managed instances among ids with one tag lookup and
+// Terminate ends the owned instances among ids with one tag lookup and
 // at most one TerminateInstances call per 1000 ids. Instances already gone
 // count as done. Known instances can be passed to skip the lookup.
 func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Outcome, error) {
@@ -184,8 +202,8 @@ func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]In
 		switch {
 		case !ok || Ending(i.State):
 			out[id] = AlreadyGone
-		case !i.Managed:
-			out[id] = NotManaged
+		case !i.Owned:
+			out[id] = NotOwned
 		case f.dryRun:
 			out[id] = WouldTerminate
 		default:

@@ -102,6 +102,10 @@ type Record struct {
 	UpdatedAt  time.Time `dynamodbav:"updatedAt" json:"updatedAt,omitempty"`
 	// Pending is set while the record may need work (PendingIndex).
 	Pending string `dynamodbav:"pending,omitempty" json:"pending,omitempty"`
+	// Unverified is set while Pod and Exit come from a line that could not
+	// be checked against the instance's launch tags (the lookup failed).
+	// Such a record is believed only once EC2 confirms it.
+	Unverified bool `dynamodbav:"unverified,omitempty" json:"unverified,omitempty"`
 	// Version counts the writes that can add work, so that clearing
 	// Pending never hides work recorded in between.
 	Version   int64 `dynamodbav:"version" json:"version"`
@@ -147,7 +151,12 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 // (higher restart count), and returns the record as it stands afterwards.
 // Writing the same exit again is harmless, so a redelivered line costs one
 // write, like a new one.
-func (t *Table) RecordExit(ctx context.Context, instanceID string, pod PodRef, exit Exit) (Record, error) {
+//
+// verified says the line's Pod agrees with the instance's launch tags. A
+// verified exit replaces an unverified one whatever its restart count, so a
+// forged line recorded while EC2 could not be asked never shadows the real
+// exit; an unverified exit replaces a verified one only for the same Pod.
+func (t *Table) RecordExit(ctx context.Context, instanceID string, pod PodRef, exit Exit, verified bool) (Record, error) {
 	now := t.now().UTC()
 	exit.ReceivedAt = now
 	exitAV, err := attributevalue.Marshal(exit)
@@ -158,19 +167,31 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod PodRef, e
 	if err != nil {
 		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
 	}
+	update := "SET #exit = :exit, exitRestartCount = :rc, #pod = :pod, updatedAt = :now, expiresAt = :exp, #pending = :pending"
+	condition := "attribute_not_exists(exitRestartCount) OR exitRestartCount <= :rc OR attribute_exists(#unverified)"
+	values := map[string]types.AttributeValue{
+		":exit":    exitAV,
+		":rc":      &types.AttributeValueMemberN{Value: fmt.Sprint(exit.RestartCount)},
+		":pod":     podAV,
+		":now":     timeAV(now),
+		":exp":     expiry(now),
+		":pending": pending,
+		":one":     one,
+	}
+	if verified {
+		update += " REMOVE #unverified"
+	} else {
+		update += ", #unverified = :true"
+		condition = "attribute_not_exists(exitRestartCount) OR (exitRestartCount <= :rc AND (attribute_exists(#unverified) OR #pod.#uid = :uid))"
+		values[":true"] = &types.AttributeValueMemberBOOL{Value: true}
+		values[":uid"] = &types.AttributeValueMemberS{Value: pod.UID}
+	}
+	update += " ADD #version :one"
 	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
-		UpdateExpression:         aws.String("SET #exit = :exit, exitRestartCount = :rc, #pod = :pod, updatedAt = :now, expiresAt = :exp, #pending = :pending ADD #version :one"),
-		ConditionExpression:      aws.String("attribute_not_exists(exitRestartCount) OR exitRestartCount <= :rc"),
-		ExpressionAttributeNames: names("#exit #pod #pending #version"),
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":exit":    exitAV,
-			":rc":      &types.AttributeValueMemberN{Value: fmt.Sprint(exit.RestartCount)},
-			":pod":     podAV,
-			":now":     timeAV(now),
-			":exp":     expiry(now),
-			":pending": pending,
-			":one":     one,
-		},
+		UpdateExpression:          aws.String(update),
+		ConditionExpression:       aws.String(condition),
+		ExpressionAttributeNames:  names(update, condition),
+		ExpressionAttributeValues: values,
 	})
 	if err != nil {
 		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
@@ -378,7 +399,7 @@ func (t *Table) update(ctx context.Context, instanceID string, in *dynamodb.Upda
 
 // aliased are attribute names DynamoDB reserves as keywords; expressions
 // refer to them as #name.
-var aliased = []string{"exit", "pod", "gone", "terminated", "pending", "version"}
+var aliased = []string{"exit", "pod", "uid", "gone", "terminated", "pending", "version", "unverified"}
 
 // names returns the #name aliases an expression uses, or nil: DynamoDB
 // rejects aliases an expression does not use.

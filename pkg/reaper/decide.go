@@ -41,7 +41,7 @@ func Decide(rec ledger.Record, now time.Time, p Policy) Plan {
 	if outcome != nil && outcome.Key() != rec.PodSynced && rec.PodSynced != lostKey {
 		plan.Pod = outcome
 	}
-	if rec.Gone != nil && rec.Exit == nil && outcome == nil {
+	if rec.Gone != nil && (rec.Exit == nil || !rec.Exit.Terminal()) && now.Before(rec.Gone.At.Add(p.ExitWait)) {
 		plan.WaitUntil = rec.Gone.At.Add(p.ExitWait)
 	}
 	// Whether the instance is already on its way out is EC2's to say, not
@@ -55,14 +55,18 @@ func Decide(rec ledger.Record, now time.Time, p Policy) Plan {
 
 var lostKey = podstatus.Outcome{}.Key()
 
-// outcomeOf is what the Pod must say, if anything is known yet. An exit
-// line, however late, wins over "lost" while the Pod is not yet finalized;
-// once a Pod is finalized as lost it stays so (it is terminal).
+// outcomeOf is what the Pod must say, if anything is known yet. A terminal
+// exit line, however late, wins over "lost" while the Pod is not yet
+// finalized; once a Pod is finalized as lost it stays so (it is terminal).
+// A restart-pending exit holds only while the instance runs: once it is
+// gone and the window has passed with no terminal line, the restart will
+// never happen and the Pod is lost.
 func outcomeOf(rec ledger.Record, now time.Time, p Policy) *podstatus.Outcome {
-	if rec.Exit != nil {
+	lost := rec.Gone != nil && !now.Before(rec.Gone.At.Add(p.ExitWait))
+	switch {
+	case rec.Exit != nil && (rec.Exit.Terminal() || !lost):
 		return &podstatus.Outcome{InstanceID: rec.InstanceID, Exit: rec.Exit}
-	}
-	if rec.Gone != nil && !now.Before(rec.Gone.At.Add(p.ExitWait)) {
+	case lost:
 		return &podstatus.Outcome{InstanceID: rec.InstanceID, Lost: rec.Gone, LostAfter: p.ExitWait}
 	}
 	return nil

@@ -37,6 +37,10 @@ func TestDecide(t *testing.T) {
 		{name: "stopped, knob off", rec: ledger.Record{InstanceID: "i-1", Gone: gone("stopped"), LastState: "stopped"}, now: t0, policy: Policy{ExitWait: time.Minute}, wait: true},
 		{name: "lost is final", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Gone, r.LastState = "lost", gone("terminated"), "terminated" }), terminate: true},
 		{name: "running, nothing known", rec: ledger.Record{InstanceID: "i-1", LastState: "running"}},
+		{name: "restart pending, instance gone inside window", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("terminated") }), now: t0.Add(time.Minute), wait: true},
+		{name: "restart pending, instance gone, window passed", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("terminated") }), now: t0.Add(3 * time.Minute), pod: "lost"},
+		{name: "restart pending, stopped: terminate, pod later", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("stopped") }), now: t0, terminate: true, wait: true},
+		{name: "restart pending, terminal line inside window wins", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/0", gone("terminated") }), now: t0.Add(time.Minute), pod: "exit/1", terminate: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := tc.policy

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -17,21 +16,39 @@ import (
 type ExitSummary struct {
 	InstanceID string `json:"instanceId"`
 	Lines      int    `json:"lines"`
-	Recorded   int    `json:"recorded"`
-	Rejected   int    `json:"rejected"`
-	PodResult  string `json:"podResult,omitempty"`
-	Terminate  string `json:"terminate,omitempty"`
+	// Recorded counts the lines the ledger now reflects: one write per
+	// batch, of the latest exit, which carries the earlier ones' count.
+	Recorded int `json:"recorded"`
+	Rejected int `json:"rejected"`
+	// RejectedFor counts the rejected lines by reason.
+	RejectedFor map[string]int `json:"rejectedFor,omitempty"`
+	PodResult   string         `json:"podResult,omitempty"`
+	Terminate   string         `json:"terminate,omitempty"`
 }
+
+func (s *ExitSummary) reject(reason string) {
+	if s.RejectedFor == nil {
+		s.RejectedFor = map[string]int{}
+	}
+	s.Rejected++
+	s.RejectedFor[reason]++
+}
+
+// ReasonUndecodable counts a payload that could not be decoded or
+// attributed to an instance at all.
+const ReasonUndecodable = "undecodable"
 
 // HandleLogsEvent is the exitrecorder's handler: one CloudWatch Logs
 // subscription payload, the lines of one instance.
 func (r *Reaper) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEvent) (ExitSummary, error) {
-	batch, err := exitline.FromLogsEvent(ev)
+	batch, err := exitline.FromLogsEvent(ev, r.Now())
 	if err != nil {
 		// A payload that cannot be decoded or attributed will not decode
 		// better on a retry: log it and count it, do not fail.
 		r.Log.ErrorContext(ctx, "payload rejected", "error", err)
-		return ExitSummary{Rejected: 1}, nil
+		var sum ExitSummary
+		sum.reject(ReasonUndecodable)
+		return sum, nil
 	}
 	if batch.Control {
 		return ExitSummary{}, nil
@@ -39,91 +56,99 @@ func (r *Reaper) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEv
 	return r.HandleExits(ctx, batch)
 }
 
-// HandleExits records a batch's exit lines and reconciles the instance. Bad
-// lines are logged and counted, never fatal to the batch. The exits are in
-// the ledger before any side effect, so an error returned here (the
-// invocation is retried) loses nothing and the retry redoes only what is
-// missing.
+// HandleExits checks a batch's exit lines against the instance's launch
+// tags, records the latest believed exit and reconciles the instance. Bad
+// and unbelieved lines are logged and counted, never fatal to the batch.
+// The exit is in the ledger before any side effect, so an error returned
+// here (the invocation is retried) loses nothing and the retry redoes only
+// what is missing.
 //
-// While the exits are written, the Pod and (when the workload has ended) the
-// instance are read ahead: the steps need both reads, and making them after
-// the write would put two more round trips on every exit. A read that turns
-// stale in between costs nothing in safety: the status patch is
-// conditional on the Pod's resourceVersion and UID, and terminating an
-// instance that has gone meanwhile answers that it is gone.
+// The tag lookup and a read of the Pod go out together; the Pod read is
+// used only for the Pod the tags name. If the lookup fails, the exit is
+// still recorded, marked unverified, and nothing acts on it: the invocation
+// fails and its retry, or a sweep, checks it again.
 func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary, error) {
-	sum := ExitSummary{InstanceID: b.InstanceID, Lines: len(b.Lines) + len(b.Rejected), Rejected: len(b.Rejected)}
+	sum := ExitSummary{InstanceID: b.InstanceID, Lines: len(b.Lines) + len(b.Rejected)}
 	for _, rej := range b.Rejected {
-		r.Log.LogAttrs(ctx, slog.LevelWarn, "exit line rejected",
-			slog.String("instance", b.InstanceID), slog.String("eventId", rej.EventID), slog.String("error", rej.Err.Error()))
+		sum.reject(rej.Reason)
+		r.Log.LogAttrs(ctx, slog.LevelWarn, "exit line rejected", slog.String("instance", b.InstanceID),
+			slog.String("eventId", rej.EventID), slog.String("reason", rej.Reason), slog.String("error", rej.Err.Error()))
 	}
 	if len(b.Lines) == 0 {
 		return sum, nil
 	}
 
-	readAhead := r.readAhead(ctx, b)
-	var (
-		rec ledger.Record
-		err error
-	)
-	for _, l := range b.Lines {
-		pod, exit := FromLine(l)
-		if r.DryRun {
-			rec, err = r.dryRecord(ctx, b.InstanceID, pod, exit)
-		} else {
-			rec, err = r.Ledger.RecordExit(ctx, b.InstanceID, pod, exit)
+	seen, lookupErr := r.readAhead(ctx, b)
+	if lookupErr != nil {
+		pod, exit := FromLine(b.Lines[len(b.Lines)-1])
+		if _, err := r.record(ctx, b.InstanceID, pod, exit, false); err != nil {
+			return sum, fmt.Errorf("record unverified exit of %s: %w", b.InstanceID, err)
 		}
-		if err != nil {
-			// Nothing after this line was recorded: fail so the batch is
-			// delivered again. The reads end with the invocation.
-			readAhead()
-			return sum, fmt.Errorf("record exit of %s: %w", b.InstanceID, err)
-		}
-		sum.Recorded++
+		return sum, fmt.Errorf("check exit lines of %s against its tags: %w", b.InstanceID, lookupErr)
 	}
-	rep, err := r.Reconcile(ctx, rec, readAhead())
+	inst, known := seen.Instances[b.InstanceID]
+	var believed []exitline.Line
+	for _, l := range b.Lines {
+		pod, _ := FromLine(l)
+		if reason := distrust(inst, known, pod); reason != "" {
+			sum.reject(reason)
+			r.Log.LogAttrs(ctx, slog.LevelWarn, "exit line not believed", slog.String("instance", b.InstanceID),
+				slog.String("reason", reason), slog.String("claimed", pod.String()), slog.String("claimedUID", pod.UID),
+				slog.String("tags", inst.Pod.String()), slog.String("cluster", inst.Cluster))
+			continue
+		}
+		believed = append(believed, l)
+	}
+	if len(believed) == 0 {
+		return sum, nil
+	}
+	// The status is derived from the latest exit alone (restart counts
+	// order them), so one write of it stands for the whole batch.
+	pod, exit := FromLine(believed[len(believed)-1])
+	rec, err := r.record(ctx, b.InstanceID, pod, exit, true)
+	if err != nil {
+		return sum, fmt.Errorf("record exit of %s: %w", b.InstanceID, err)
+	}
+	sum.Recorded = len(believed)
+	rep, err := r.Reconcile(ctx, rec, seen)
 	sum.PodResult, sum.Terminate = string(rep.PodResult), string(rep.TerminateResult)
 	return sum, err
 }
 
-// readAhead starts the reads the batch's steps will need and returns a
-// function that waits for them. A read that fails is left out; the step
-// then reads for itself and reports the error.
-func (r *Reaper) readAhead(ctx context.Context, b exitline.Batch) func() Seen {
-	last := b.Lines[len(b.Lines)-1]
-	ref, _ := FromLine(last)
+// record writes an exit to the ledger, or in a dry run returns the record
+// as it would stand.
+func (r *Reaper) record(ctx context.Context, id string, pod ledger.PodRef, exit ledger.Exit, verified bool) (ledger.Record, error) {
+	if !r.DryRun {
+		return r.Ledger.RecordExit(ctx, id, pod, exit, verified)
+	}
+	rec, _, err := r.Ledger.Get(ctx, id)
+	if err != nil {
+		return rec, err
+	}
+	if rec.Exit == nil || rec.Exit.RestartCount <= exit.RestartCount || (verified && rec.Unverified) {
+		rec.InstanceID, rec.Pod, rec.Exit, rec.Unverified = id, pod, &exit, !verified
+	}
+	return rec, nil
+}
+
+// readAhead looks the instance up and reads the Pod the latest line names,
+// together. A failed Pod read is left out (the Pod step reads for itself
+// and reports the error); a failed lookup is returned.
+func (r *Reaper) readAhead(ctx context.Context, b exitline.Batch) (Seen, error) {
+	ref, _ := FromLine(b.Lines[len(b.Lines)-1])
 	var (
-		wg   sync.WaitGroup
-		seen Seen
+		wg        sync.WaitGroup
+		seen      Seen
+		lookupErr error
 	)
 	wg.Go(func() {
 		if snap, err := r.Pods.Read(ctx, ref); err == nil {
 			seen.Pod = &snap
 		}
 	})
-	if slices.ContainsFunc(b.Lines, func(l exitline.Line) bool { return !l.WillRestart }) {
-		wg.Go(func() {
-			if found, err := r.Fleet.Describe(ctx, []string{b.InstanceID}); err == nil {
-				seen.Instances = found
-			}
-		})
-	}
-	return func() Seen {
-		wg.Wait()
-		return seen
-	}
-}
-
-// dryRecord is RecordExit without the write: the record as it would stand.
-func (r *Reaper) dryRecord(ctx context.Context, id string, pod ledger.PodRef, exit ledger.Exit) (ledger.Record, error) {
-	rec, _, err := r.Ledger.Get(ctx, id)
-	if err != nil {
-		return rec, err
-	}
-	if rec.Exit == nil || rec.Exit.RestartCount <= exit.RestartCount {
-		rec.InstanceID, rec.Pod, rec.Exit = id, pod, &exit
-	}
-	return rec, nil
+	wg.Go(func() { seen.Instances, lookupErr = r.Fleet.Describe(ctx, []string{b.InstanceID}) })
+	wg.Wait()
+	return seen, lookupErr
 }
 
 // FromLine is what the ledger keeps of an exit line: the Pod it names and

@@ -17,7 +17,7 @@ import (
 // Ledger is the instance ledger (package ledger).
 type Ledger interface {
 	Get(ctx context.Context, instanceID string) (ledger.Record, bool, error)
-	RecordExit(ctx context.Context, instanceID string, pod ledger.PodRef, exit ledger.Exit) (ledger.Record, error)
+	RecordExit(ctx context.Context, instanceID string, pod ledger.PodRef, exit ledger.Exit, verified bool) (ledger.Record, error)
 	RecordState(ctx context.Context, instanceID string, pod ledger.PodRef, sc ledger.StateChange) (ledger.Record, error)
 	MarkDone(ctx context.Context, instanceID string, d ledger.Done) error
 	Pending(ctx context.Context, fn func(ledger.Record) error) error
@@ -34,7 +34,7 @@ type Pods interface {
 type Fleet interface {
 	Describe(ctx context.Context, ids []string) (map[string]instances.Instance, error)
 	Terminate(ctx context.Context, ids []string, known map[string]instances.Instance) (map[string]instances.Outcome, error)
-	ListManaged(ctx context.Context, fn func(instances.Instance) error) error
+	ListOwned(ctx context.Context, fn func(instances.Instance) error) error
 }
 
 // Reaper carries out plans.
@@ -57,6 +57,10 @@ type Report struct {
 	PodResult kube.Result
 	// TerminateResult is set when termination was attempted.
 	TerminateResult instances.Outcome
+	// Distrust says why the record, or its exit, was not believed (see
+	// the Distrust constants); Rejected says nothing was done for it.
+	Distrust string
+	Rejected bool
 }
 
 // Seen is what a handler has already read of the outside systems; the steps
@@ -68,46 +72,83 @@ type Seen struct {
 	Pod *kube.Snapshot
 }
 
-// Reconcile decides and carries out the plan for one record. The Pod step
+// Reconcile decides and carries out the plan for one record. What the
+// record says is first checked against the instance's launch tags
+// (believe); a record they do not back is settled untouched. The Pod step
 // and the terminate step run concurrently and independently: a Kubernetes
 // outage must not keep an instance billing, and a failed terminate must not
 // hide the exit. Both done steps are then marked in one ledger write.
 func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, seen Seen) (Report, error) {
-	plan := Decide(rec, r.Now(), r.Policy)
-	rep := Report{InstanceID: rec.InstanceID, Plan: plan}
+	rep := Report{InstanceID: rec.InstanceID}
+	// seen.Instances, when set, is an answer: an instance absent from it
+	// is one EC2 does not know.
+	known := seen.Instances
+	if known == nil {
+		var err error
+		if known, err = r.Fleet.Describe(ctx, []string{rec.InstanceID}); err != nil {
+			// Fail closed: nothing acts on what EC2 has not confirmed.
+			return rep, fmt.Errorf("check %s against its tags: %w", rec.InstanceID, err)
+		}
+	}
+	inst, described := known[rec.InstanceID]
+	view, reason, ok := believe(rec, inst, described)
+	rep.Distrust = reason
+	if !ok {
+		rep.Rejected = true
+		return rep, r.reject(ctx, rec, inst, reason)
+	}
+	if reason != "" {
+		r.Log.LogAttrs(ctx, slog.LevelWarn, "exit not believed", slog.String("instance", rec.InstanceID),
+			slog.String("reason", reason), slog.String("claimed", rec.Pod.String()), slog.String("tags", inst.Pod.String()))
+	}
+
+	plan := Decide(view, r.Now(), r.Policy)
+	rep.Plan = plan
 	var (
 		wg              sync.WaitGroup
 		podErr, termErr error
 	)
 	if plan.Pod != nil {
-		if rec.Pod.UID == "" {
+		if view.Pod.UID == "" {
 			podErr = fmt.Errorf("instance %s: no Pod known for it (no exit line and no pod tags)", rec.InstanceID)
 		} else {
-			wg.Go(func() { rep.PodResult, podErr = r.Pods.Apply(ctx, rec.Pod, *plan.Pod, seen.Pod) })
+			wg.Go(func() { rep.PodResult, podErr = r.Pods.Apply(ctx, view.Pod, *plan.Pod, seen.Pod) })
 		}
 	}
 	if plan.Terminate {
 		wg.Go(func() {
 			var out map[string]instances.Outcome
-			out, termErr = r.Fleet.Terminate(ctx, []string{rec.InstanceID}, seen.Instances)
+			out, termErr = r.Fleet.Terminate(ctx, []string{rec.InstanceID}, known)
 			rep.TerminateResult = out[rec.InstanceID]
 		})
 	}
 	wg.Wait()
 
 	var markErr error
-	if done, write := r.done(rec, plan, rep, podErr, termErr); write && !r.DryRun {
+	if done, write := r.done(view, plan, rep, podErr, termErr); write && !r.DryRun {
 		markErr = r.Ledger.MarkDone(ctx, rec.InstanceID, done)
 	}
 	r.Log.LogAttrs(ctx, logLevel(podErr, termErr, markErr), "reconciled",
 		slog.String("instance", rec.InstanceID),
-		slog.String("pod", rec.Pod.String()),
+		slog.String("pod", view.Pod.String()),
 		slog.String("outcome", outcomeKey(plan.Pod)),
 		slog.String("podResult", string(rep.PodResult)),
 		slog.String("terminateResult", string(rep.TerminateResult)),
 		slog.Bool("dryRun", r.DryRun),
 	)
 	return rep, errors.Join(podErr, termErr, markErr)
+}
+
+// reject logs a record that the instance's tags do not back and settles
+// it: no Pod write, no terminate, and no sweep comes back to it.
+func (r *Reaper) reject(ctx context.Context, rec ledger.Record, inst instances.Instance, reason string) error {
+	r.Log.LogAttrs(ctx, slog.LevelWarn, "record not believed", slog.String("instance", rec.InstanceID),
+		slog.String("reason", reason), slog.String("claimed", rec.Pod.String()), slog.String("tags", inst.Pod.String()),
+		slog.String("cluster", inst.Cluster), slog.Bool("dryRun", r.DryRun))
+	if rec.Pending == "" || r.DryRun {
+		return nil
+	}
+	return r.Ledger.MarkDone(ctx, rec.InstanceID, ledger.Done{Settled: true, Version: rec.Version})
 }
 
 // done is what the ledger must learn after the steps: the steps that

@@ -42,18 +42,25 @@ func (r *Reaper) HandleEC2Event(ctx context.Context, ev events.CloudWatchEvent) 
 // the window has passed.
 func (r *Reaper) HandleStateChange(ctx context.Context, m statechange.Message) (StateSummary, error) {
 	sum := StateSummary{InstanceID: m.InstanceID, State: m.State}
-	// One lookup answers both whether the instance is Reaper's and which Pod
-	// it runs; the ledger knows instances whose tags are gone already.
+	// One lookup answers both whether the instance is this deployment's
+	// and which Pod it runs. One EC2 no longer knows may still have a
+	// record; Reconcile then decides whether the record is believed.
 	found, err := r.Fleet.Describe(ctx, []string{m.InstanceID})
 	if err != nil {
 		return sum, err
 	}
 	inst, known := found[m.InstanceID]
-	if !inst.Managed {
+	if known && !inst.Owned {
+		sum.Skipped = "not owned"
+		r.Log.LogAttrs(ctx, slog.LevelDebug, "state change skipped", slog.String("instance", m.InstanceID),
+			slog.String("state", m.State), slog.Bool("managed", inst.Managed), slog.String("cluster", inst.Cluster))
+		return sum, nil
+	}
+	if !known {
 		if _, ok, err := r.Ledger.Get(ctx, m.InstanceID); err != nil || !ok {
-			sum.Skipped = "not managed"
+			sum.Skipped = "unknown"
 			r.Log.LogAttrs(ctx, slog.LevelDebug, "state change skipped", slog.String("instance", m.InstanceID),
-				slog.Bool("described", known), slog.String("state", m.State))
+				slog.String("state", m.State), slog.Bool("described", false))
 			return sum, err
 		}
 	}
@@ -79,6 +86,9 @@ func (r *Reaper) HandleStateChange(ctx context.Context, m statechange.Message) (
 	}
 	rep, err := r.Reconcile(ctx, rec, Seen{Instances: found})
 	sum.PodResult, sum.Terminate = string(rep.PodResult), string(rep.TerminateResult)
+	if rep.Rejected {
+		sum.Skipped = rep.Distrust
+	}
 	if !rep.Plan.WaitUntil.IsZero() {
 		sum.WaitUntil = rep.Plan.WaitUntil.UTC().Format("2006-01-02T15:04:05Z")
 	}

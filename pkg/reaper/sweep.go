@@ -22,12 +22,15 @@ type SweepSummary struct {
 	ManagedInstances int `json:"managedInstances"`
 	// MissedGone are managed instances found gone that the ledger did not
 	// know about: their state-change event was lost.
-	MissedGone   int `json:"missedGone"`
-	Reconciled   int `json:"reconciled"`
-	PodsPatched  int `json:"podsPatched"`
-	PodsLost     int `json:"podsLost"`
-	Terminated   int `json:"terminated"`
-	Orphans      int `json:"orphans"`
+	MissedGone  int `json:"missedGone"`
+	Reconciled  int `json:"reconciled"`
+	PodsPatched int `json:"podsPatched"`
+	PodsLost    int `json:"podsLost"`
+	Terminated  int `json:"terminated"`
+	Orphans     int `json:"orphans"`
+	// Rejected are records the instances' tags did not back: settled
+	// untouched.
+	Rejected     int `json:"rejected"`
 	WaitingExit  int `json:"waitingExit"`
 	Errors       int `json:"errors"`
 	DurationMsec int `json:"durationMs"`
@@ -37,7 +40,7 @@ type SweepSummary struct {
 // instances inside one invocation, few enough not to flood the apiserver.
 const sweepWorkers = 8
 
-// Sweep reconciles ledger × managed instances × Pods, so that a lost or
+// Sweep reconciles ledger × owned instances × Pods, so that a lost or
 // failed event delays a result but never loses it. It reads the pending
 // records (those that may need work) and the records of the managed
 // instances it checks, never the whole ledger:
@@ -65,7 +68,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	sum.Records = len(records)
 
 	managed := map[string]instances.Instance{}
-	if err := r.Fleet.ListManaged(ctx, func(i instances.Instance) error {
+	if err := r.Fleet.ListOwned(ctx, func(i instances.Instance) error {
 		managed[i.ID] = i
 		return nil
 	}); err != nil {
@@ -130,6 +133,10 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		rep, err := r.Reconcile(ctx, rec, Seen{Instances: known})
 		mu.Lock()
 		defer mu.Unlock()
+		if rep.Rejected {
+			sum.Rejected++
+			return err
+		}
 		sum.Reconciled++
 		if rep.PodResult == kube.Patched {
 			sum.PodsPatched++
@@ -171,7 +178,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		slog.Int("missedGone", sum.MissedGone), slog.Int("reconciled", sum.Reconciled),
 		slog.Int("podsPatched", sum.PodsPatched), slog.Int("podsLost", sum.PodsLost),
 		slog.Int("terminated", sum.Terminated), slog.Int("orphans", sum.Orphans),
-		slog.Int("waitingExit", sum.WaitingExit), slog.Int("errors", sum.Errors),
+		slog.Int("waitingExit", sum.WaitingExit), slog.Int("rejected", sum.Rejected), slog.Int("errors", sum.Errors),
 		slog.Int("durationMs", sum.DurationMsec), slog.Bool("dryRun", r.DryRun))
 	return sum, err
 }
@@ -202,13 +209,15 @@ func (r *Reaper) describeFor(ctx context.Context, work []ledger.Record, managed 
 	return known, nil
 }
 
-// orphans are running managed instances older than cutoff whose Pod no
+// orphans are running owned instances older than cutoff whose Pod no
 // longer needs them: deleted, replaced by another UID, or already terminal.
-// Instances whose exit the ledger holds are left to their record.
+// Instances whose terminal exit the ledger holds are left to their record;
+// one whose last exit waits for a restart is an orphan like any other once
+// its Pod is gone.
 func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time) ([]string, error) {
 	var candidates []instances.Instance
 	for id, inst := range managed {
-		if rec, ok := records[id]; ok && rec.Exit != nil {
+		if rec, ok := records[id]; ok && rec.Exit != nil && rec.Exit.Terminal() {
 			continue
 		}
 		if (inst.State == instances.Running || inst.State == instances.Pending) && inst.LaunchTime.Before(cutoff) {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -174,6 +175,7 @@ func scenarios() map[string]scenario {
 	one("unmanaged", 7, "jobs", "job-unmanaged", 0)
 	one("api-down", 8, "jobs", "job-api-down", 0)
 	one("job-throttled", 15, "jobs", "job-throttled", 0)
+	one("lookup-fails", 39, "jobs", "job-lookup-fails", 0)
 	// The installer restarted the container runtime under itself; the
 	// wrapper still reports the workload's own exit.
 	one("installer", 9, "jobs", "installer", 0, func(l *exitline.Line) { l.RuntimeRestarted = true })
@@ -257,6 +259,70 @@ func scenarios() map[string]scenario {
 	}
 	spot.steps = append(spot.steps, sweep(5*time.Minute))
 	s["spot10"] = spot
+
+	// Ownership: instances of another cluster in the same account. An
+	// exit line from one, a spot reclaim of another and a sweep: nothing
+	// of theirs is touched.
+	id = instanceID(30)
+	s["other-cluster"] = scenario{
+		subjects: []replay.Subject{{InstanceID: instanceID(31), Namespace: "tenants", Name: "other-spot", RecordedUID: recordedUID(31)}},
+		steps: []step{
+			exit(payload(id, line(id, "tenants", "other-exit", 30, 0))),
+			state(instanceID(31), "terminated", time.Second), sweep(2 * time.Minute),
+		},
+	}
+	// Trust: lines written into instance 32's stream naming the Pod that
+	// runs on instance 33, a terminal one and a restart; the tags of 32
+	// name another Pod.
+	victim := line(instanceID(32), "tenants", "victim", 33, 0)
+	s["pod-mismatch"] = scenario{
+		subjects: []replay.Subject{
+			{InstanceID: instanceID(32), Namespace: "tenants", Name: "writer", RecordedUID: recordedUID(32)},
+			{InstanceID: instanceID(33), Namespace: "tenants", Name: "victim", RecordedUID: recordedUID(33)},
+		},
+		steps: []step{
+			exit(payload(instanceID(32), victim)),
+			exit(payload(instanceID(32), line(instanceID(32), "tenants", "victim", 33, 1, func(l *exitline.Line) {
+				l.RestartCount, l.WillRestart, l.BackoffSeconds = 1, true, 10
+			}))),
+		},
+	}
+	// The same forged line, delivered while EC2 cannot be asked: it is
+	// recorded unverified, and a later sweep must not act on it.
+	s["unverified"] = scenario{
+		subjects: []replay.Subject{
+			{InstanceID: instanceID(34), Namespace: "tenants", Name: "unverified-writer", RecordedUID: recordedUID(34)},
+			{InstanceID: instanceID(35), Namespace: "tenants", Name: "unverified-victim", RecordedUID: recordedUID(35)},
+		},
+		steps: []step{exit(payload(instanceID(34), line(instanceID(34), "tenants", "unverified-victim", 35, 0))), sweep(time.Minute)},
+	}
+	// A restart-pending exit, then spot takes the instance: the restart
+	// never happens, and after the window the Pod is lost.
+	id = instanceID(36)
+	s["restart-then-spot"] = scenario{steps: []step{
+		exit(payload(id, line(id, "services", "restart-spot", 36, 1, func(l *exitline.Line) { l.WillRestart, l.BackoffSeconds = true, 10 }))),
+		state(id, "shutting-down", time.Second), state(id, "terminated", 2*time.Second), sweep(4 * time.Minute),
+	}}
+	// A restart-pending exit, then the Pod is deleted: the instance is an
+	// orphan.
+	id = instanceID(37)
+	s["restart-orphan"] = scenario{steps: []step{
+		exit(payload(id, line(id, "services", "restart-orphan", 37, 1, func(l *exitline.Line) { l.WillRestart, l.BackoffSeconds = true, 10 }))),
+		sweep(20 * time.Minute),
+	}}
+	// Input limits: one good line among lines whose fields are out of
+	// bounds. A forged restart count must not shadow the real exit.
+	id = instanceID(38)
+	bad := func(m func(*exitline.Line)) string { return line(id, "jobs", "job-limits", 38, 0, m) }
+	s["input-limits"] = scenario{steps: []step{exit(payload(id,
+		bad(func(l *exitline.Line) { l.RestartCount = 2_000_000 }),
+		bad(func(l *exitline.Line) { l.RestartCount, l.FinishedAt = 3, recordedAt.AddDate(10, 0, 0) }),
+		bad(func(l *exitline.Line) { l.RestartCount, l.PodUID = 4, "not-a-uid" }),
+		bad(func(l *exitline.Line) { l.RestartCount, l.Error = 5, strings.Repeat("x", 5000) }),
+		bad(func(l *exitline.Line) { l.RestartCount, l.WillRestart, l.BackoffSeconds = 6, true, 900 }),
+		bad(func(l *exitline.Line) { l.RestartCount, l.PodNamespace = 7, "Jobs" }),
+		line(id, "jobs", "job-limits", 38, 0, func(l *exitline.Line) { l.RestartCount = 1 }),
+	))}}
 	return s
 }
 

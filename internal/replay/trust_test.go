@@ -1,0 +1,207 @@
+package replay
+
+import (
+	"errors"
+	"maps"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/pkg/reaper"
+)
+
+// The tests of this file sweep or make EC2 fail for everyone, so like
+// those of ends_test.go none runs in parallel.
+
+// wantUntouched checks a Pod still carries what it was created with.
+func wantUntouched(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	now := getPod(t, pod.Namespace, pod.Name)
+	if now.UID != pod.UID || now.ResourceVersion != pod.ResourceVersion || now.Status.Phase != corev1.PodRunning {
+		t.Fatalf("pod %s was written: %s %+v", pod.Name, now.Status.Phase, now.Status.ContainerStatuses)
+	}
+}
+
+func wantRejected(t *testing.T, sum reaper.ExitSummary, reasons map[string]int) {
+	t.Helper()
+	n := 0
+	for _, c := range reasons {
+		n += c
+	}
+	if sum.Recorded != 0 || sum.Rejected != n || !maps.Equal(sum.RejectedFor, reasons) || sum.PodResult != "" || sum.Terminate != "" {
+		t.Fatalf("summary %+v, want %v rejected and nothing done", sum, reasons)
+	}
+}
+
+func wantNoRecord(t *testing.T, id string) {
+	t.Helper()
+	if _, ok, err := lab.Ledger.Get(t.Context(), id); err != nil || ok {
+		t.Fatalf("ledger record of %s: ok=%v err=%v", id, ok, err)
+	}
+}
+
+// Two deployments in one account: instances tagged for another cluster
+// are not this deployment's, whatever reaches it about them.
+func TestOtherClusterUntouched(t *testing.T) {
+	sc := prepare(t, "other-cluster", corev1.RestartPolicyNever, nil)
+	for name, id := range sc.Instances {
+		lab.AddTaggedInstance(id, InstanceTags(sc.Pods[name], true, "other-"+localstack.Cluster))
+	}
+	exited, spotted := sc.Instances["other-exit"], sc.Instances["other-spot"]
+
+	wantRejected(t, invokeExit(t, sc.Payloads("exitrecorder")[0]), map[string]int{reaper.DistrustOtherCluster: 1})
+	lab.Stack.EC2.SetState(spotted, ec2server.Terminated)
+	var state reaper.StateSummary
+	if err := lab.Invoke(t.Context(), "statechange", sc.Payloads("statechange")[0], &state); err != nil {
+		t.Fatal(err)
+	}
+	if state.Skipped != "not owned" {
+		t.Fatalf("state change of another cluster's instance: %+v", state)
+	}
+	// Its Pod is gone: to this deployment's sweep it would be an orphan.
+	if err := lab.Stack.Kube.CoreV1().Pods("tenants").Delete(t.Context(), "other-exit", metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	sweepNow(t)
+	if terminateCalls(exited) != 0 || instanceState(t, exited) != ec2server.Running {
+		t.Fatal("another cluster's instance was terminated")
+	}
+	wantUntouched(t, sc.Pods["other-spot"])
+	wantNoRecord(t, exited)
+	wantNoRecord(t, spotted)
+}
+
+// A host writes, into its own stream, lines naming a Pod that runs
+// elsewhere: a terminal one and a restart. Neither Pod is written and
+// neither instance terminated.
+func TestLineNamingAnotherPod(t *testing.T) {
+	sc := prepare(t, "pod-mismatch", corev1.RestartPolicyNever, nil)
+	writer := sc.Instances["writer"]
+	for _, p := range sc.Payloads("exitrecorder") {
+		wantRejected(t, invokeExit(t, p), map[string]int{reaper.DistrustPodMismatch: 1})
+	}
+	wantUntouched(t, sc.Pods["writer"])
+	wantUntouched(t, sc.Pods["victim"])
+	for _, id := range sc.Instances {
+		if terminateCalls(id) != 0 || instanceState(t, id) != ec2server.Running {
+			t.Fatalf("instance %s terminated", id)
+		}
+	}
+	wantNoRecord(t, writer)
+	// Restart lines are checked like the rest: one lookup per delivery.
+	if n := lookups(writer); n != 2 {
+		t.Fatalf("%d tag lookups for 2 deliveries", n)
+	}
+}
+
+// The tag lookup fails: the exit is kept, unverified, and nothing acts on
+// it until EC2 answers. A forged line kept that way is dropped once the
+// tags are read, and the real Pod is left alone.
+func TestTagLookupFails(t *testing.T) {
+	t.Run("real line", func(t *testing.T) {
+		sc := prepare(t, "lookup-fails", corev1.RestartPolicyNever, nil)
+		id := sc.Instances["job-lookup-fails"]
+		lab.Stack.EC2.FailNext("DescribeInstances", 1, "UnauthorizedOperation", 403)
+		err := lab.Invoke(t.Context(), "exitrecorder", sc.Payloads("exitrecorder")[0], nil)
+		if fnErr := (*localstack.FunctionError)(nil); !errors.As(err, &fnErr) {
+			t.Fatalf("invoke with the tag lookup failing: %v, want a function error", err)
+		}
+		if rec := record(t, id); rec.Exit == nil || !rec.Unverified || rec.PodSynced != "" || !rec.Terminated.IsZero() {
+			t.Fatalf("ledger after the failed lookup: %+v", rec)
+		}
+		wantUntouched(t, sc.Pods["job-lookup-fails"])
+		if terminateCalls(id) != 0 {
+			t.Fatal("terminated on an unverified line")
+		}
+		invokeExit(t, sc.Payloads("exitrecorder")[0]) // the retry
+		wantEnded(t, getPod(t, "jobs", "job-lookup-fails"), corev1.PodSucceeded, 0, "Completed")
+		if rec := record(t, id); rec.Unverified || rec.PodSynced != "exit/0" || terminateCalls(id) != 1 {
+			t.Fatalf("ledger after the retry: %+v, %d terminate calls", rec, terminateCalls(id))
+		}
+	})
+	t.Run("forged line", func(t *testing.T) {
+		sc := prepare(t, "unverified", corev1.RestartPolicyNever, nil)
+		writer := sc.Instances["unverified-writer"]
+		lab.Stack.EC2.FailNext("DescribeInstances", 1, "UnauthorizedOperation", 403)
+		if err := lab.Invoke(t.Context(), "exitrecorder", sc.Payloads("exitrecorder")[0], nil); err == nil {
+			t.Fatal("invoke with the tag lookup failing succeeded")
+		}
+		if rec := record(t, writer); !rec.Unverified || rec.Pod.Name != "unverified-victim" {
+			t.Fatalf("ledger: %+v", rec)
+		}
+		sum := sweepNow(t)
+		wantUntouched(t, sc.Pods["unverified-victim"])
+		wantUntouched(t, sc.Pods["unverified-writer"])
+		if terminateCalls(writer) != 0 || instanceState(t, writer) != ec2server.Running {
+			t.Fatalf("sweep acted on a forged record: %+v", sum)
+		}
+		if rec := record(t, writer); rec.Pending != "" {
+			t.Fatalf("forged record left pending: %+v", rec)
+		}
+	})
+}
+
+// A restart-pending exit does not outlive its instance: once the window
+// has passed without a terminal line, the Pod is lost.
+func TestRestartPendingThenSpot(t *testing.T) {
+	sc := prepare(t, "restart-then-spot", corev1.RestartPolicyAlways, nil)
+	invokeExit(t, sc.Payloads("exitrecorder")[0])
+	if p := getPod(t, "services", "restart-spot"); p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].State.Waiting == nil {
+		t.Fatalf("after the restart line: %+v", p.Status)
+	}
+	until := playStates(t, sc)
+	if sum := sweepNow(t); sum.WaitingExit < 1 {
+		t.Fatalf("sweep inside the window: %+v", sum)
+	}
+	if p := getPod(t, "services", "restart-spot"); p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("finalized before the window closed: %s", p.Status.Phase)
+	}
+	waitPast(until)
+	if sum := sweepNow(t); sum.PodsLost < 1 {
+		t.Fatalf("sweep after the window: %+v", sum)
+	}
+	pod := getPod(t, "services", "restart-spot")
+	wantLost(t, pod, "InstanceTerminated")
+	if rc := pod.Status.ContainerStatuses[0].RestartCount; rc != 1 {
+		t.Fatalf("restartCount %d, want the restart that was pending counted", rc)
+	}
+}
+
+// A restart-pending instance whose Pod is deleted is an orphan.
+func TestRestartPendingOrphan(t *testing.T) {
+	sc := prepare(t, "restart-orphan", corev1.RestartPolicyAlways, nil)
+	id := sc.Instances["restart-orphan"]
+	invokeExit(t, sc.Payloads("exitrecorder")[0])
+	if err := lab.Stack.Kube.CoreV1().Pods("services").Delete(t.Context(), "restart-orphan", metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	if sum := sweepNow(t); sum.Orphans < 1 {
+		t.Fatalf("sweep: %+v", sum)
+	}
+	if terminateCalls(id) != 1 || instanceState(t, id) != ec2server.Terminated {
+		t.Fatal("restart-pending orphan not terminated")
+	}
+}
+
+// Lines outside the input limits are rejected each for itself; the good
+// line of the batch is recorded, and a forged restart count does not
+// shadow it.
+func TestInputLimits(t *testing.T) {
+	sc := prepare(t, "input-limits", corev1.RestartPolicyNever, nil)
+	sum := invokeExit(t, sc.Payloads("exitrecorder")[0])
+	want := map[string]int{"invalid": 5, "finished-in-future": 1}
+	if sum.Lines != 7 || sum.Recorded != 1 || sum.Rejected != 6 || !maps.Equal(sum.RejectedFor, want) {
+		t.Fatalf("summary %+v, want 1 recorded and rejected %v", sum, want)
+	}
+	id := sc.Instances["job-limits"]
+	if rec := record(t, id); rec.Exit == nil || rec.Exit.RestartCount != 1 {
+		t.Fatalf("ledger %+v", rec)
+	}
+	wantEnded(t, getPod(t, "jobs", "job-limits"), corev1.PodSucceeded, 0, "Completed")
+	if instanceState(t, id) != ec2server.Terminated {
+		t.Fatal("instance not terminated")
+	}
+}
