@@ -30,15 +30,19 @@ func newStack(app awscdk.App, buildDir string) (awscdk.Stack, *reapercdk.Reaper)
 	noTerminateOnStop := false
 	r := reapercdk.New(stack, "Reaper", &reapercdk.Props{
 		KubeconfigSecretArn: "arn:aws:secretsmanager:eu-west-1:123456789012:secret:gpu-pods/kubeconfig-AbCdEf",
-		BuildDir:            buildDir,
-		TableName:           "gpu-pods-ledger",
-		ExitLogGroupName:    "/gpu-pods/exits",
-		ExitWait:            5 * time.Minute,
-		OrphanGrace:         30 * time.Minute,
-		TerminateStopped:    &noTerminateOnStop,
-		DryRun:              true,
+		// Outside EKS the cluster's name is the provider's choice: the value
+		// of the cluster tag on the instances it launches for this cluster.
+		ClusterName:      "gpu-pods",
+		BuildDir:         buildDir,
+		TableName:        "gpu-pods-ledger",
+		ExitLogGroupName: "/gpu-pods/exits",
+		ExitWait:         5 * time.Minute,
+		OrphanGrace:      30 * time.Minute,
+		TerminateStopped: &noTerminateOnStop,
+		DryRun:           true,
 		Tags: instances.TagKeys{
 			Managed:      "gpu-pods.example.com/managed",
+			Cluster:      "gpu-pods.example.com/cluster",
 			PodNamespace: "gpu-pods.example.com/namespace",
 			PodName:      "gpu-pods.example.com/pod",
 			PodUID:       "gpu-pods.example.com/uid",

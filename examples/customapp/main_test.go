@@ -35,6 +35,7 @@ func TestCustomApp(t *testing.T) {
 			"LoggingConfig": assertions.Match_ObjectLike(&map[string]any{"ApplicationLogLevel": "DEBUG"}),
 			"Environment": map[string]any{"Variables": map[string]any{
 				"REAPER_TABLE":             map[string]any{"Ref": assertions.Match_AnyValue()},
+				"REAPER_CLUSTER":           "gpu-pods",
 				"REAPER_KUBECONFIG_SECRET": secret,
 				"REAPER_EXIT_WAIT":         "5m0s",
 				"REAPER_ORPHAN_GRACE":      "30m0s",
@@ -42,6 +43,7 @@ func TestCustomApp(t *testing.T) {
 				"REAPER_DRY_RUN":           "true",
 				"REAPER_LOG_LEVEL":         "debug",
 				"REAPER_TAG_MANAGED":       "gpu-pods.example.com/managed",
+				"REAPER_TAG_CLUSTER":       "gpu-pods.example.com/cluster",
 				"REAPER_TAG_POD_NAMESPACE": "gpu-pods.example.com/namespace",
 				"REAPER_TAG_POD_NAME":      "gpu-pods.example.com/pod",
 				"REAPER_TAG_POD_UID":       "gpu-pods.example.com/uid",
@@ -70,10 +72,11 @@ func TestCustomApp(t *testing.T) {
 			t.Errorf("%s grants EKS access although the app reads a kubeconfig secret", id)
 		}
 	}
-	if f := iamcheck.UnguardedTerminations(m, "gpu-pods.example.com/managed"); len(f) != 0 {
+	owner := iamcheck.Owner{ManagedKey: "gpu-pods.example.com/managed", ClusterKey: "gpu-pods.example.com/cluster", Cluster: "gpu-pods"}
+	if f := iamcheck.UnguardedTerminations(m, owner); len(f) != 0 {
 		t.Errorf("unguarded grants: %v", f)
 	}
-	if f := iamcheck.UnguardedTerminations(m, "reaper.io/managed"); len(f) != 3 {
-		t.Errorf("terminate grants are not guarded by the app's own tag key: %v", f)
+	if f := iamcheck.UnguardedTerminations(m, iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: "gpu-pods"}); len(f) != 3 {
+		t.Errorf("terminate grants are not guarded by the app's own tag keys: %v", f)
 	}
 }

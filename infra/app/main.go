@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
@@ -31,9 +33,23 @@ func main() {
 	app.Synth(nil)
 }
 
-// DefaultStackName is the stack's name unless the stackName knob says
-// otherwise.
-const DefaultStackName = "Reaper"
+// StackNamePrefix starts the stack's default name, "Reaper-<cluster>": one
+// stack per cluster, so that deployments for two clusters sit side by side
+// in one account and region. The stackName knob overrides it.
+const StackNamePrefix = "Reaper"
+
+// defaultStackName is the stack name for a cluster. CloudFormation allows
+// letters, digits and hyphens, 128 at most; anything else in a cluster name
+// becomes a hyphen.
+func defaultStackName(cluster string) string {
+	name := StackNamePrefix + "-" + strings.Map(func(r rune) rune {
+		if r < utf8.RuneSelf && (unicode.IsLetter(r) || unicode.IsDigit(r)) {
+			return r
+		}
+		return '-'
+	}, cluster)
+	return name[:min(len(name), 128)]
+}
 
 // newStack adds the Reaper stack to app, configured from its context.
 func newStack(app awscdk.App) (awscdk.Stack, *reapercdk.Reaper, error) {
@@ -44,7 +60,7 @@ func newStack(app awscdk.App) (awscdk.Stack, *reapercdk.Reaper, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	name := DefaultStackName
+	name := defaultStackName(props.Cluster())
 	if v, ok := contextValue(app.Node(), "stackName"); ok {
 		name = v
 	}
@@ -83,6 +99,7 @@ var knobs = []knob{
 	{"eksCluster", str(func(p *reapercdk.Props) *string { return &p.EKSCluster })},
 	{"kubeconfigSecretArn", str(func(p *reapercdk.Props) *string { return &p.KubeconfigSecretArn })},
 	{"eksAccessEntryGroup", str(func(p *reapercdk.Props) *string { return &p.EKSAccessEntryGroup })},
+	{"clusterName", str(func(p *reapercdk.Props) *string { return &p.ClusterName })},
 	{"buildDir", str(func(p *reapercdk.Props) *string { return &p.BuildDir })},
 	{"tableName", str(func(p *reapercdk.Props) *string { return &p.TableName })},
 	{"tableRemovalPolicy", func(p *reapercdk.Props, v string) error {
@@ -109,6 +126,7 @@ var knobs = []knob{
 	{"dryRun", boolean(func(p *reapercdk.Props) *bool { return &p.DryRun })},
 	{"logLevel", str(func(p *reapercdk.Props) *string { return &p.LogLevel })},
 	{"tagManaged", str(func(p *reapercdk.Props) *string { return &p.Tags.Managed })},
+	{"tagCluster", str(func(p *reapercdk.Props) *string { return &p.Tags.Cluster })},
 	{"tagPodNamespace", str(func(p *reapercdk.Props) *string { return &p.Tags.PodNamespace })},
 	{"tagPodName", str(func(p *reapercdk.Props) *string { return &p.Tags.PodName })},
 	{"tagPodUid", str(func(p *reapercdk.Props) *string { return &p.Tags.PodUID })},

@@ -46,6 +46,7 @@ func TestContextKnobs(t *testing.T) {
 		stack, _, err = newStack(appWith(t, map[string]any{
 			"stackName":                "ReaperStaging",
 			"kubeconfigSecretArn":      "arn:aws:secretsmanager:eu-west-1:123456789012:secret:reaper/kubeconfig-AbCdEf",
+			"clusterName":              "staging",
 			"tableName":                "reaper-staging",
 			"tableRemovalPolicy":       "destroy",
 			"exitLogGroup":             "/staging/reaper/exits",
@@ -57,6 +58,7 @@ func TestContextKnobs(t *testing.T) {
 			"dryRun":                   true,
 			"logLevel":                 "warn",
 			"tagManaged":               "example.com/reaped",
+			"tagCluster":               "example.com/cluster",
 			"tagPodNamespace":          "example.com/ns",
 			"tagPodName":               "example.com/pod",
 			"tagPodUid":                "example.com/uid",
@@ -89,6 +91,7 @@ func TestContextKnobs(t *testing.T) {
 			"LoggingConfig":                map[string]any{"LogFormat": "JSON", "ApplicationLogLevel": "WARN", "SystemLogLevel": "INFO", "LogGroup": map[string]any{"Ref": assertions.Match_AnyValue()}},
 			"Environment": map[string]any{"Variables": map[string]any{
 				"REAPER_TABLE":             map[string]any{"Ref": assertions.Match_AnyValue()},
+				"REAPER_CLUSTER":           "staging",
 				"REAPER_KUBECONFIG_SECRET": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:reaper/kubeconfig-AbCdEf",
 				"REAPER_EXIT_WAIT":         "5m0s",
 				"REAPER_ORPHAN_GRACE":      "1h0m0s",
@@ -96,6 +99,7 @@ func TestContextKnobs(t *testing.T) {
 				"REAPER_DRY_RUN":           "true",
 				"REAPER_LOG_LEVEL":         "warn",
 				"REAPER_TAG_MANAGED":       "example.com/reaped",
+				"REAPER_TAG_CLUSTER":       "example.com/cluster",
 				"REAPER_TAG_POD_NAMESPACE": "example.com/ns",
 				"REAPER_TAG_POD_NAME":      "example.com/pod",
 				"REAPER_TAG_POD_UID":       "example.com/uid",
@@ -110,11 +114,18 @@ func TestContextKnobs(t *testing.T) {
 		}
 	})
 	m := cdktest.JSON(t, tmpl)
-	if f := iamcheck.UnguardedTerminations(m, "example.com/reaped"); len(f) != 0 {
+	owner := iamcheck.Owner{ManagedKey: "example.com/reaped", ClusterKey: "example.com/cluster", Cluster: "staging"}
+	if f := iamcheck.UnguardedTerminations(m, owner); len(f) != 0 {
 		t.Errorf("unguarded grants: %v", f)
 	}
-	if f := iamcheck.UnguardedTerminations(m, "reaper.io/managed"); len(f) == 0 {
-		t.Error("the terminate grant ignores the tagManaged knob")
+	for knob, o := range map[string]iamcheck.Owner{
+		"tagManaged":  {ManagedKey: "reaper.io/managed", ClusterKey: owner.ClusterKey, Cluster: owner.Cluster},
+		"tagCluster":  {ManagedKey: owner.ManagedKey, ClusterKey: "reaper.io/cluster", Cluster: owner.Cluster},
+		"clusterName": {ManagedKey: owner.ManagedKey, ClusterKey: owner.ClusterKey, Cluster: "prod"},
+	} {
+		if f := iamcheck.UnguardedTerminations(m, o); len(f) == 0 {
+			t.Errorf("the terminate grant ignores the %s knob", knob)
+		}
 	}
 }
 
@@ -138,6 +149,50 @@ func TestBadKnobs(t *testing.T) {
 	cdktest.Must(t, func() { _, _, err = newStack(appWith(t, map[string]any{})) })
 	if err == nil || !strings.Contains(err.Error(), "no Kubernetes access") {
 		t.Errorf("without access: %v", err)
+	}
+	cdktest.Must(t, func() {
+		_, _, err = newStack(appWith(t, map[string]any{"kubeconfigSecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:k-AbCdEf"}))
+	})
+	if err == nil || !strings.Contains(err.Error(), "ClusterName is required") {
+		t.Errorf("kubeconfig without clusterName: %v", err)
+	}
+}
+
+// TestStackPerCluster deploys the default app twice, once per cluster, into
+// one account and region: the stacks get their own names and claim no name
+// in common.
+func TestStackPerCluster(t *testing.T) {
+	claimed := map[string]string{}
+	for cluster, ctx := range map[string]map[string]any{
+		"staging": {"eksCluster": "staging"},
+		"prod":    {"kubeconfigSecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:prod/kubeconfig-AbCdEf", "clusterName": "prod", "alarmEmail": "oncall@example.com"},
+	} {
+		var stack awscdk.Stack
+		cdktest.Must(t, func() {
+			var err error
+			if stack, _, err = newStack(appWith(t, ctx)); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if want := "Reaper-" + cluster; *stack.StackName() != want {
+			t.Errorf("stack name %s, want %s", *stack.StackName(), want)
+		}
+		m := cdktest.JSON(t, cdktest.Template(t, stack))
+		for _, name := range cdktest.PhysicalNames(t, *stack.StackName(), m) {
+			if other, ok := claimed[name]; ok {
+				t.Errorf("the %s and %s stacks both claim %s", other, cluster, name)
+			}
+			claimed[name] = cluster
+		}
+	}
+	for cluster, want := range map[string]string{
+		"team_a.gpu":             "Reaper-team-a-gpu",
+		"prod-1":                 "Reaper-prod-1",
+		strings.Repeat("x", 200): "Reaper-" + strings.Repeat("x", 121),
+	} {
+		if got := defaultStackName(cluster); got != want {
+			t.Errorf("defaultStackName(%q) = %s, want %s", cluster, got, want)
+		}
 	}
 }
 
@@ -165,7 +220,7 @@ func TestCDKSynth(t *testing.T) {
 	}
 	t.Logf("cdk synth took %s", time.Since(start).Round(time.Second))
 
-	raw, err := os.ReadFile(filepath.Join(out, DefaultStackName+".template.json"))
+	raw, err := os.ReadFile(filepath.Join(out, "Reaper-demo.template.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +247,13 @@ func TestCDKSynth(t *testing.T) {
 	if n := len(cdktest.Resources(tmpl, "AWS::CDK::Metadata")); n != 0 {
 		t.Errorf("version reporting is on (%d metadata resources): cdk.json was not honored", n)
 	}
-	if f := iamcheck.UnguardedTerminations(tmpl, "reaper.io/managed"); len(f) != 0 {
+	for id, fn := range fns {
+		vars, _ := cdktest.Props(fn)["Environment"].(map[string]any)["Variables"].(map[string]any)
+		if vars["REAPER_CLUSTER"] != "demo" {
+			t.Errorf("%s: REAPER_CLUSTER %v, want demo", id, vars["REAPER_CLUSTER"])
+		}
+	}
+	if f := iamcheck.UnguardedTerminations(tmpl, iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: "demo"}); len(f) != 0 {
 		t.Errorf("unguarded grants: %v", f)
 	}
 	if _, err := os.Stat(filepath.Join(out, "manifest.json")); err != nil {

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"testing"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -152,4 +154,97 @@ func Only(t testing.TB, tmpl map[string]any, typ string) (string, map[string]any
 		return id, r
 	}
 	panic("unreachable")
+}
+
+// nameProperties are, for each resource type a Reaper stack may hold, the
+// property that sets the resource's physical name and the one naming what
+// that name is unique within ("" for the account and region). Types without
+// a name of their own have neither.
+var nameProperties = map[string]struct{ name, scope string }{
+	"AWS::CDK::Metadata":             {},
+	"AWS::CloudWatch::Alarm":         {"AlarmName", ""},
+	"AWS::DynamoDB::Table":           {"TableName", ""},
+	"AWS::EKS::AccessEntry":          {"PrincipalArn", "ClusterName"},
+	"AWS::Events::Rule":              {"Name", "EventBusName"},
+	"AWS::IAM::ManagedPolicy":        {"ManagedPolicyName", ""},
+	"AWS::IAM::Policy":               {"PolicyName", "Roles"},
+	"AWS::IAM::Role":                 {"RoleName", ""},
+	"AWS::Lambda::EventInvokeConfig": {},
+	"AWS::Lambda::Function":          {"FunctionName", ""},
+	"AWS::Lambda::Permission":        {},
+	"AWS::Logs::LogGroup":            {"LogGroupName", ""},
+	"AWS::Logs::SubscriptionFilter":  {"FilterName", "LogGroupName"},
+	"AWS::SNS::Subscription":         {},
+	"AWS::SNS::Topic":                {"TopicName", ""},
+	"AWS::SNS::TopicPolicy":          {},
+	"AWS::SQS::Queue":                {"QueueName", ""},
+	"AWS::SQS::QueuePolicy":          {},
+}
+
+// PhysicalNames lists what a stack named stack claims in its account and
+// region by name: the stack name, each name its template sets explicitly
+// (with its type, and the parent it is unique within), and each export
+// name. Two stacks can be deployed side by side only if their lists do not
+// meet. A reference to a resource whose name CloudFormation generates
+// stands for "<stack>/<logical id>", since generated names start with the
+// stack name. A resource type the table does not know fails the test, so
+// that a new resource is classified before it is trusted.
+func PhysicalNames(t testing.TB, stack string, tmpl map[string]any) []string {
+	t.Helper()
+	resources, _ := tmpl["Resources"].(map[string]any)
+	var resolve func(v any) string
+	resolve = func(v any) string {
+		switch v := v.(type) {
+		case string:
+			return v
+		case []any:
+			parts := make([]string, len(v))
+			for i, e := range v {
+				parts[i] = resolve(e)
+			}
+			return strings.Join(parts, ",")
+		case map[string]any:
+			id, _ := v["Ref"].(string)
+			if att, ok := v["Fn::GetAtt"].([]any); ok && len(att) == 2 {
+				id, _ = att[0].(string)
+			}
+			if r, ok := resources[id].(map[string]any); ok {
+				typ, _ := r["Type"].(string)
+				if name, ok := Props(r)[nameProperties[typ].name].(string); ok {
+					return name
+				}
+				return stack + "/" + id
+			}
+		}
+		t.Fatalf("%s: cannot tell which name %v stands for", stack, v)
+		return ""
+	}
+	names := []string{"stack " + stack}
+	for id, r := range resources {
+		r, _ := r.(map[string]any)
+		typ, _ := r["Type"].(string)
+		prop, known := nameProperties[typ]
+		if !known {
+			t.Errorf("%s: %s has type %s, whose name property cdktest does not know", stack, id, typ)
+			continue
+		}
+		name, ok := Props(r)[prop.name]
+		if prop.name == "" || !ok {
+			continue
+		}
+		entry := typ + " " + resolve(name)
+		if scope, ok := Props(r)[prop.scope]; ok {
+			entry += " in " + resolve(scope)
+		}
+		names = append(names, entry)
+	}
+	outputs, _ := tmpl["Outputs"].(map[string]any)
+	for _, o := range outputs {
+		o, _ := o.(map[string]any)
+		if export, ok := o["Export"].(map[string]any); ok {
+			names = append(names, "export "+resolve(export["Name"]))
+		}
+	}
+	sort.Strings(names)
+	return names
 }

@@ -1,7 +1,8 @@
 // Package iamcheck inspects a synthesized CloudFormation template for IAM
-// grants that would let anything terminate EC2 instances Reaper does not
-// manage. It works on the template JSON alone, so any stack's tests can run
-// it (assertions.Template.ToJSON, or a cdk.out/*.template.json file).
+// grants that would let anything terminate EC2 instances the Reaper
+// deployment does not own. It works on the template JSON alone, so any
+// stack's tests can run it (assertions.Template.ToJSON, or a
+// cdk.out/*.template.json file).
 package iamcheck
 
 import (
@@ -45,13 +46,22 @@ var AllowedManagedPolicies = map[string]bool{
 	"service-role/AWSLambdaVPCAccessExecutionRole": true,
 }
 
+// Owner is what a terminate grant must require of an instance's tags for
+// it to be the deployment's own: ManagedKey = "true" and ClusterKey =
+// Cluster. The managed tag alone is not enough: deployments for other
+// clusters in the account tag their instances managed too.
+type Owner struct {
+	ManagedKey, ClusterKey, Cluster string
+}
+
 // UnguardedTerminations returns every Allow statement in the template's IAM
 // policies (AWS::IAM::Policy, AWS::IAM::ManagedPolicy and the inline
 // policies of roles, users and groups) that grants ec2:TerminateInstances,
 // whether by name or by a wildcard such as ec2:* or *, or by NotAction,
-// without the condition StringEquals aws:ResourceTag/<managedTagKey> =
-// "true". Attachments of managed policies it cannot read are reported too.
-func UnguardedTerminations(template map[string]any, managedTagKey string) []Finding {
+// without both conditions StringEquals aws:ResourceTag/<ManagedKey> = "true"
+// and aws:ResourceTag/<ClusterKey> = <Cluster>. Attachments of managed
+// policies it cannot read are reported too.
+func UnguardedTerminations(template map[string]any, owner Owner) []Finding {
 	resources, _ := template["Resources"].(map[string]any)
 	inTemplate := func(v any) bool {
 		m, _ := v.(map[string]any)
@@ -68,12 +78,12 @@ func UnguardedTerminations(template map[string]any, managedTagKey string) []Find
 		props, _ := res["Properties"].(map[string]any)
 		switch res["Type"] {
 		case "AWS::IAM::Policy", "AWS::IAM::ManagedPolicy":
-			out = append(out, checkDocument(id, props["PolicyDocument"], managedTagKey)...)
+			out = append(out, checkDocument(id, props["PolicyDocument"], owner)...)
 		case "AWS::IAM::Role", "AWS::IAM::User", "AWS::IAM::Group":
 			policies, _ := props["Policies"].([]any)
 			for _, pol := range policies {
 				pol, _ := pol.(map[string]any)
-				out = append(out, checkDocument(id, pol["PolicyDocument"], managedTagKey)...)
+				out = append(out, checkDocument(id, pol["PolicyDocument"], owner)...)
 			}
 			arns, _ := props["ManagedPolicyArns"].([]any)
 			for _, arn := range arns {
@@ -90,7 +100,7 @@ func UnguardedTerminations(template map[string]any, managedTagKey string) []Find
 	return out
 }
 
-func checkDocument(id string, doc any, tagKey string) []Finding {
+func checkDocument(id string, doc any, owner Owner) []Finding {
 	d, _ := doc.(map[string]any)
 	var statements []any
 	switch s := d["Statement"].(type) {
@@ -115,9 +125,9 @@ func checkDocument(id string, doc any, tagKey string) []Finding {
 		switch {
 		case err != nil:
 			finding("%v", err)
-		case grants && !guarded(st["Condition"], tagKey):
-			finding("allows %s without the condition StringEquals aws:ResourceTag/%s = \"true\" (Action %s, Condition %s)",
-				TerminateAction, tagKey, compact(firstOf(st, "Action", "NotAction")), compact(st["Condition"]))
+		case grants && !guarded(st["Condition"], owner):
+			finding("allows %s without the conditions StringEquals aws:ResourceTag/%s = \"true\" and aws:ResourceTag/%s = %q (Action %s, Condition %s)",
+				TerminateAction, owner.ManagedKey, owner.ClusterKey, owner.Cluster, compact(firstOf(st, "Action", "NotAction")), compact(st["Condition"]))
 		}
 	}
 	return out
@@ -157,18 +167,25 @@ func wildcard(pattern string) *regexp.Regexp {
 	return regexp.MustCompile(`(?i)^` + q + `$`)
 }
 
-// guarded reports whether the condition requires the managed tag to be
-// "true" on the instance. Condition keys are case-insensitive; the tag value
-// is not.
-func guarded(condition any, tagKey string) bool {
+// guarded reports whether the condition requires both ownership tags on
+// the instance: the managed tag "true" and the cluster tag the cluster's
+// name. Conditions are ANDed, so others beside them only narrow the grant.
+func guarded(condition any, owner Owner) bool {
 	c, _ := condition.(map[string]any)
 	eq, _ := c["StringEquals"].(map[string]any)
+	return requires(eq, owner.ManagedKey, "true") && requires(eq, owner.ClusterKey, owner.Cluster)
+}
+
+// requires reports whether a StringEquals block pins the instance tag to
+// exactly that value. Condition keys are case-insensitive; tag values are
+// not.
+func requires(eq map[string]any, tagKey, want string) bool {
 	for key, value := range eq {
 		if !strings.EqualFold(key, "aws:ResourceTag/"+tagKey) && !strings.EqualFold(key, "ec2:ResourceTag/"+tagKey) {
 			continue
 		}
 		values, ok := strs(value)
-		if ok && len(values) == 1 && values[0] == "true" {
+		if ok && len(values) == 1 && values[0] == want {
 			return true
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-const tag = "reaper.io/managed"
+var owner = Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: "prod"}
 
 // policy wraps statements into a template with one AWS::IAM::Policy.
 func policy(t *testing.T, statements ...string) map[string]any {
@@ -20,13 +20,14 @@ func policy(t *testing.T, statements ...string) map[string]any {
 	return tmpl
 }
 
-const guard = `"Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true"}}`
+const guard = `"Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true","aws:ResourceTag/reaper.io/cluster":"prod"}}`
 
 func TestGuardedGrantsPass(t *testing.T) {
 	for name, st := range map[string]string{
 		"exact action, guarded":     `{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*",` + guard + `}`,
-		"list, guarded, ec2 key":    `{"Effect":"Allow","Action":["ec2:TerminateInstances"],"Resource":"*","Condition":{"StringEquals":{"ec2:ResourceTag/reaper.io/managed":["true"]}}}`,
-		"key case-insensitive":      `{"Effect":"Allow","Action":"ec2:terminateinstances","Resource":"*","Condition":{"StringEquals":{"AWS:resourcetag/reaper.io/managed":"true"}}}`,
+		"list, guarded, ec2 key":    `{"Effect":"Allow","Action":["ec2:TerminateInstances"],"Resource":"*","Condition":{"StringEquals":{"ec2:ResourceTag/reaper.io/managed":["true"],"ec2:ResourceTag/reaper.io/cluster":["prod"]}}}`,
+		"key case-insensitive":      `{"Effect":"Allow","Action":"ec2:terminateinstances","Resource":"*","Condition":{"StringEquals":{"AWS:resourcetag/reaper.io/managed":"true","aws:ResourceTag/REAPER.IO/CLUSTER":"prod"}}}`,
+		"further conditions":        `{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true","aws:ResourceTag/reaper.io/cluster":"prod","aws:RequestedRegion":"eu-west-1"},"Bool":{"aws:SecureTransport":"true"}}}`,
 		"other actions":             `{"Effect":"Allow","Action":["ec2:DescribeInstances","dynamodb:GetItem"],"Resource":"*"}`,
 		"wildcard elsewhere":        `{"Effect":"Allow","Action":"ec2:Describe*","Resource":"*"}`,
 		"deny wide":                 `{"Effect":"Deny","Action":"*","Resource":"*"}`,
@@ -35,7 +36,7 @@ func TestGuardedGrantsPass(t *testing.T) {
 		"single statement (object)": `{"Effect":"Allow","Action":"s3:GetObject","Resource":"*"}`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			if f := UnguardedTerminations(policy(t, st), tag); len(f) != 0 {
+			if f := UnguardedTerminations(policy(t, st), owner); len(f) != 0 {
 				t.Fatalf("findings %v", f)
 			}
 		})
@@ -45,6 +46,13 @@ func TestGuardedGrantsPass(t *testing.T) {
 func TestUnguardedGrantsFound(t *testing.T) {
 	for name, st := range map[string]string{
 		"no condition":         `{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*"}`,
+		"managed only":         `{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true"}}}`,
+		"cluster only":         `{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/cluster":"prod"}}}`,
+		"other cluster":        `{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true","aws:ResourceTag/reaper.io/cluster":"staging"}}}`,
+		"either cluster":       `{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true","aws:ResourceTag/reaper.io/cluster":["prod","staging"]}}}`,
+		"cluster like":         `{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true"},"StringLike":{"aws:ResourceTag/reaper.io/cluster":"*"}}}`,
+		"cluster value case":   `{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true","aws:ResourceTag/reaper.io/cluster":"PROD"}}}`,
+		"wildcard, managed":    `{"Effect":"Allow","Action":"ec2:*","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true"}}}`,
 		"ec2 wildcard":         `{"Effect":"Allow","Action":"ec2:*","Resource":"*"}`,
 		"star":                 `{"Effect":"Allow","Action":"*","Resource":"*"}`,
 		"partial wildcard":     `{"Effect":"Allow","Action":["s3:GetObject","ec2:Term*"],"Resource":"*"}`,
@@ -58,7 +66,7 @@ func TestUnguardedGrantsFound(t *testing.T) {
 		"tag value case-sense": `{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"TRUE"}}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			f := UnguardedTerminations(policy(t, `{"Effect":"Allow","Action":"s3:GetObject","Resource":"*"}`, st), tag)
+			f := UnguardedTerminations(policy(t, `{"Effect":"Allow","Action":"s3:GetObject","Resource":"*"}`, st), owner)
 			if len(f) != 1 || f[0].Resource != "P" || f[0].Statement != 1 {
 				t.Fatalf("findings %v, want one for statement 1", f)
 			}
@@ -77,12 +85,12 @@ func TestRolesManagedPoliciesAndOtherTagKeys(t *testing.T) {
 				"arn:aws:iam::123456789012:policy/outside",
 				{"Ref":"Managed"}]}},
 		"Managed":{"Type":"AWS::IAM::ManagedPolicy","Properties":{"PolicyDocument":{"Statement":[
-			{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/example.com/owned":"true"}}}]}}},
+			{"Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*","Condition":{"StringEquals":{"aws:ResourceTag/example.com/owned":"true","aws:ResourceTag/example.com/cluster":"gpu"}}}]}}},
 		"Queue":{"Type":"AWS::SQS::Queue","Properties":{}}}}`), &tmpl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := UnguardedTerminations(tmpl, "example.com/owned")
+	got := UnguardedTerminations(tmpl, Owner{ManagedKey: "example.com/owned", ClusterKey: "example.com/cluster", Cluster: "gpu"})
 	var reasons []string
 	for _, f := range got {
 		reasons = append(reasons, f.String())
@@ -92,8 +100,12 @@ func TestRolesManagedPoliciesAndOtherTagKeys(t *testing.T) {
 		!strings.Contains(joined, "AdministratorAccess") || !strings.Contains(joined, "policy/outside") {
 		t.Fatalf("findings:\n%s", joined)
 	}
-	// The managed policy is guarded by its own key, not by the default one.
-	if f := UnguardedTerminations(tmpl, tag); len(f) != 4 {
-		t.Fatalf("with the default key: %v", f)
+	// The managed policy is guarded by its own keys and cluster, not by the
+	// default keys or another cluster.
+	if f := UnguardedTerminations(tmpl, owner); len(f) != 4 {
+		t.Fatalf("with the default keys: %v", f)
+	}
+	if f := UnguardedTerminations(tmpl, Owner{ManagedKey: "example.com/owned", ClusterKey: "example.com/cluster", Cluster: "cpu"}); len(f) != 4 {
+		t.Fatalf("for another cluster: %v", f)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,11 +16,13 @@ import (
 
 	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/userdata"
 )
 
 // Props configures a Reaper. Every field is optional except the Kubernetes
-// access: set exactly one of EKSCluster and KubeconfigSecretArn. Zero values
-// mean the documented default.
+// access: set exactly one of EKSCluster and KubeconfigSecretArn, and with
+// KubeconfigSecretArn also ClusterName. Zero values mean the documented
+// default.
 type Props struct {
 	// EKSCluster is the name of the EKS cluster whose Pods Reaper updates.
 	// The functions read its endpoint with eks:DescribeCluster and
@@ -35,6 +39,13 @@ type Props struct {
 	// the roles yourself. The cluster's authentication mode must allow API
 	// access entries.
 	EKSAccessEntryGroup string
+	// ClusterName names the cluster this deployment serves (REAPER_CLUSTER):
+	// Reaper acts only on instances tagged Tags.Managed=true and
+	// Tags.Cluster=ClusterName, which lets deployments for several clusters
+	// share an account. It also names the exit log group. Required with
+	// KubeconfigSecretArn; with EKSCluster it is the EKS cluster's name, and
+	// setting it to anything else is an error.
+	ClusterName string
 
 	// BuildDir holds <function>/bootstrap as `make build` writes it
 	// (default "build", relative to the working directory of the CDK app).
@@ -47,7 +58,8 @@ type Props struct {
 	TableRemovalPolicy awscdk.RemovalPolicy
 
 	// ExitLogGroupName is the log group the hosts' CloudWatch agent writes
-	// exit lines to (default "/reaper/exits").
+	// exit lines to (default DefaultExitLogGroupName of the cluster,
+	// "/reaper/<cluster>/exits").
 	ExitLogGroupName string
 	// ExitLogRetention is how long exit lines are kept (default one month).
 	ExitLogRetention awslogs.RetentionDays
@@ -67,8 +79,8 @@ type Props struct {
 	// REAPER_LOG_LEVEL and the functions' application log level.
 	LogLevel string
 	// Tags are the instance tag keys the provider writes; empty fields keep
-	// the contract's defaults (reaper.io/managed, ...). The managed key also
-	// guards ec2:TerminateInstances in IAM.
+	// the contract's defaults (reaper.io/managed, reaper.io/cluster, ...).
+	// The managed and cluster keys also guard ec2:TerminateInstances in IAM.
 	Tags instances.TagKeys
 
 	// MemoryMB is each function's memory (default 256).
@@ -100,11 +112,10 @@ type Props struct {
 
 // Defaults of the optional settings.
 const (
-	DefaultBuildDir     = "build"
-	DefaultExitLogGroup = "/reaper/exits"
-	DefaultMemoryMB     = 256
-	DefaultSweepRate    = time.Minute
-	DefaultMaxEventAge  = time.Hour
+	DefaultBuildDir    = "build"
+	DefaultMemoryMB    = 256
+	DefaultSweepRate   = time.Minute
+	DefaultMaxEventAge = time.Hour
 	// RetryAttempts is how often Lambda retries a failed asynchronous event
 	// (the maximum): every step is idempotent, so a retry is always safe.
 	RetryAttempts = 2
@@ -112,6 +123,19 @@ const (
 	// SQS maximum), time to notice the alarm and replay them.
 	FailureRetention = 14 * 24 * time.Hour
 )
+
+// DefaultExitLogGroupName is the exit log group of a cluster's deployment,
+// the provider side's default too (userdata.DefaultLogGroup).
+func DefaultExitLogGroupName(cluster string) string { return userdata.DefaultLogGroup(cluster) }
+
+// Cluster is the cluster the deployment serves: ClusterName, or else the
+// EKS cluster's name.
+func (p Props) Cluster() string {
+	if p.ClusterName != "" {
+		return p.ClusterName
+	}
+	return p.EKSCluster
+}
 
 // withDefaults returns the props with every zero value replaced by its
 // default.
@@ -122,7 +146,10 @@ func (p Props) withDefaults() Props {
 		}
 	}
 	def(&p.BuildDir, DefaultBuildDir)
-	def(&p.ExitLogGroupName, DefaultExitLogGroup)
+	p.ClusterName = p.Cluster()
+	if p.ClusterName != "" {
+		def(&p.ExitLogGroupName, DefaultExitLogGroupName(p.ClusterName))
+	}
 	def(&p.LogLevel, "info")
 	p.LogLevel = strings.ToLower(p.LogLevel)
 	if p.TableRemovalPolicy == "" {
@@ -146,6 +173,7 @@ func (p Props) withDefaults() Props {
 	}
 	keys := instances.DefaultTagKeys()
 	def(&p.Tags.Managed, keys.Managed)
+	def(&p.Tags.Cluster, keys.Cluster)
 	def(&p.Tags.PodNamespace, keys.PodNamespace)
 	def(&p.Tags.PodName, keys.PodName)
 	def(&p.Tags.PodUID, keys.PodUID)
@@ -164,6 +192,7 @@ func (p Props) withDefaults() Props {
 // Validate reports every invalid setting at once. New calls it and panics
 // on an error, as constructs do; apps call it first for a clean message.
 func (p Props) Validate() error {
+	derivedGroup := p.ExitLogGroupName == ""
 	p = p.withDefaults()
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
@@ -176,6 +205,27 @@ func (p Props) Validate() error {
 	}
 	if s := p.KubeconfigSecretArn; s != "" && !unresolved(s) && !strings.HasPrefix(s, "arn:") {
 		bad("KubeconfigSecretArn %q is not an ARN", s)
+	}
+	c := p.ClusterName
+	switch {
+	case p.KubeconfigSecretArn != "" && c == "":
+		bad("ClusterName is required with KubeconfigSecretArn: it is the cluster tag value of the instances this deployment owns")
+	case p.EKSCluster != "" && c != p.EKSCluster:
+		bad("ClusterName %q differs from EKSCluster %q: with EKS the cluster is the EKS cluster; leave ClusterName empty", c, p.EKSCluster)
+	case c != "" && !unresolved(c) && !tagValue.MatchString(c):
+		bad("ClusterName %q is not a valid tag value (1 to 256 letters, digits, spaces and _ . : / = + - @)", c)
+	}
+	if g := p.ExitLogGroupName; g != "" && !unresolved(g) && !logGroupName.MatchString(g) {
+		if derivedGroup {
+			bad("the exit log group name %q derived from the cluster is not valid in CloudWatch Logs: set ExitLogGroupName", g)
+		} else {
+			bad("ExitLogGroupName %q: CloudWatch Logs allows 1 to 512 of a-z A-Z 0-9 _ - / . #", g)
+		}
+	}
+	tagKeys := []string{p.Tags.Managed, p.Tags.Cluster, p.Tags.PodNamespace, p.Tags.PodName, p.Tags.PodUID}
+	slices.Sort(tagKeys)
+	if len(slices.Compact(tagKeys)) != 5 {
+		bad("Tags: the five tag keys must differ, %+v", p.Tags)
 	}
 	if g := p.EKSAccessEntryGroup; g != "" {
 		if p.EKSCluster == "" {
@@ -237,6 +287,13 @@ func checkBootstrap(path string) error {
 	}
 	return nil
 }
+
+// tagValue is what AWS accepts in a tag value; logGroupName what
+// CloudWatch Logs accepts in a log group name.
+var (
+	tagValue     = regexp.MustCompile(`^[\p{L}\p{Z}\p{N}_.:/=+\-@]{1,256}$`)
+	logGroupName = regexp.MustCompile(`^[A-Za-z0-9_\-/.#]{1,512}$`)
+)
 
 // unresolved reports whether s is a CDK token (e.g. another construct's
 // attribute), which only CloudFormation resolves.

@@ -213,6 +213,7 @@ func (r *Reaper) environment() map[string]*string {
 	p := r.Props
 	env := map[string]*string{
 		"REAPER_TABLE":             r.Table.TableName(),
+		"REAPER_CLUSTER":           jsii.String(p.ClusterName),
 		"REAPER_EXIT_WAIT":         jsii.String(p.ExitWait.String()),
 		"REAPER_ORPHAN_GRACE":      jsii.String(p.OrphanGrace.String()),
 		"REAPER_TERMINATE_STOPPED": jsii.String(strconv.FormatBool(*p.TerminateStopped)),
@@ -231,6 +232,7 @@ func (r *Reaper) environment() map[string]*string {
 	def := instances.DefaultTagKeys()
 	for _, t := range []struct{ name, key, def string }{
 		{"REAPER_TAG_MANAGED", p.Tags.Managed, def.Managed},
+		{"REAPER_TAG_CLUSTER", p.Tags.Cluster, def.Cluster},
 		{"REAPER_TAG_POD_NAMESPACE", p.Tags.PodNamespace, def.PodNamespace},
 		{"REAPER_TAG_POD_NAME", p.Tags.PodName, def.PodName},
 		{"REAPER_TAG_POD_UID", p.Tags.PodUID, def.PodUID},
@@ -320,13 +322,18 @@ func (r *Reaper) statements(stack awscdk.Stack, spec function, logs awslogs.LogG
 	instanceArn := stack.FormatArn(&awscdk.ArnComponents{
 		Service: jsii.String("ec2"), Resource: jsii.String("instance"), ResourceName: jsii.String("*"),
 	})
+	// TerminateInstances is the only EC2 action that changes anything. The
+	// same ownership test the code applies, enforced by IAM: nothing Reaper
+	// decides can end an instance the provider did not tag for this
+	// deployment's cluster, such as another cluster's in the same account.
 	terminate := awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid:       jsii.String("TerminateManagedInstances"),
+		Sid:       jsii.String("TerminateOwnedInstances"),
 		Actions:   jsii.Strings("ec2:TerminateInstances"),
 		Resources: &[]*string{instanceArn},
-		// The same guard the code applies, enforced by IAM: nothing Reaper
-		// decides can end an instance the provider did not tag.
-		Conditions: &map[string]any{"StringEquals": map[string]any{"aws:ResourceTag/" + p.Tags.Managed: "true"}},
+		Conditions: &map[string]any{"StringEquals": map[string]any{
+			"aws:ResourceTag/" + p.Tags.Managed: "true",
+			"aws:ResourceTag/" + p.Tags.Cluster: p.ClusterName,
+		}},
 	})
 	out := []awsiam.PolicyStatement{
 		st("Logs", []string{"logs:CreateLogStream", "logs:PutLogEvents"}, logs.LogGroupArn()),

@@ -145,6 +145,7 @@ func TestFunctions(t *testing.T) {
 					},
 					"Environment": map[string]any{"Variables": map[string]any{
 						"REAPER_TABLE":             map[string]any{"Ref": tableID},
+						"REAPER_CLUSTER":           "demo",
 						"REAPER_EKS_CLUSTER":       "demo",
 						"REAPER_EXIT_WAIT":         "3m0s",
 						"REAPER_ORPHAN_GRACE":      "15m0s",
@@ -186,7 +187,7 @@ func TestEnvironmentIsValidConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 		if cfg.ExitWait != config.DefaultExitWait || cfg.OrphanGrace != config.DefaultOrphanGrace || !cfg.TerminateStopped ||
-			cfg.DryRun || cfg.Kube.EKSCluster != "demo" || cfg.Tags != instances.DefaultTagKeys() {
+			cfg.DryRun || cfg.Cluster != "demo" || cfg.Kube.EKSCluster != "demo" || cfg.Tags != instances.DefaultTagKeys() {
 			t.Fatalf("config %+v", cfg)
 		}
 	}
@@ -221,7 +222,7 @@ func TestTriggers(t *testing.T) {
 	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
 	exitGroup := ""
 	for id, r := range cdktest.Resources(m, "AWS::Logs::LogGroup") {
-		if cdktest.Props(r)["LogGroupName"] == "/reaper/exits" {
+		if cdktest.Props(r)["LogGroupName"] == "/reaper/demo/exits" {
 			exitGroup = id
 			if cdktest.Props(r)["RetentionInDays"] != 30.0 {
 				t.Errorf("exit log group retention %v", cdktest.Props(r)["RetentionInDays"])
@@ -229,7 +230,7 @@ func TestTriggers(t *testing.T) {
 		}
 	}
 	if exitGroup == "" {
-		t.Fatal("no /reaper/exits log group")
+		t.Fatal("no /reaper/demo/exits log group")
 	}
 	has(t, tmpl, "AWS::Logs::SubscriptionFilter", map[string]any{
 		"LogGroupName":   map[string]any{"Ref": exitGroup},
@@ -345,7 +346,7 @@ func TestFunctionPermissions(t *testing.T) {
 			switch {
 			case slices.Contains(acts, "ec2:TerminateInstances"):
 				if len(acts) != 1 || !strings.Contains(resource, `:instance/*`) ||
-					compact(s["Condition"]) != `{"StringEquals":{"aws:ResourceTag/reaper.io/managed":"true"}}` {
+					compact(s["Condition"]) != `{"StringEquals":{"aws:ResourceTag/reaper.io/cluster":"demo","aws:ResourceTag/reaper.io/managed":"true"}}` {
 					t.Errorf("%s terminate statement %s", id, compact(s))
 				}
 			case slices.Contains(acts, "ec2:DescribeInstances"):
@@ -393,8 +394,8 @@ func TestAgentPolicy(t *testing.T) {
 	_, p := cdktest.Only(t, m, "AWS::IAM::ManagedPolicy")
 	doc := compact(cdktest.Props(p)["PolicyDocument"])
 	want := `{"Statement":[{"Action":["logs:CreateLogStream","logs:DescribeLogStreams","logs:PutLogEvents"],"Effect":"Allow","Resource":[` +
-		`{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":logs:",{"Ref":"AWS::Region"},":",{"Ref":"AWS::AccountId"},":log-group:/reaper/exits"]]},` +
-		`{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":logs:",{"Ref":"AWS::Region"},":",{"Ref":"AWS::AccountId"},":log-group:/reaper/exits:log-stream:*"]]}],` +
+		`{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":logs:",{"Ref":"AWS::Region"},":",{"Ref":"AWS::AccountId"},":log-group:/reaper/demo/exits"]]},` +
+		`{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":logs:",{"Ref":"AWS::Region"},":",{"Ref":"AWS::AccountId"},":log-group:/reaper/demo/exits:log-stream:*"]]}],` +
 		`"Sid":"WriteExitLines"}],"Version":"2012-10-17"}`
 	if doc != want {
 		t.Errorf("agent policy\n got %s\nwant %s", doc, want)
@@ -405,7 +406,7 @@ func TestAgentPolicy(t *testing.T) {
 
 func TestNoUnguardedTerminate(t *testing.T) {
 	_, m := defaults(t)
-	if f := iamcheck.UnguardedTerminations(m, "reaper.io/managed"); len(f) != 0 {
+	if f := iamcheck.UnguardedTerminations(m, demoOwner); len(f) != 0 {
 		t.Fatalf("unguarded grants: %v", f)
 	}
 	// Nor any other wildcard action.
@@ -420,12 +421,24 @@ func TestNoUnguardedTerminate(t *testing.T) {
 	}
 }
 
+// demoOwner is what the default stack's terminate grants must require.
+var demoOwner = iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: "demo"}
+
 // TestCheckerCatchesWidenedPolicy widens a Reaper stack's IAM the ways a
 // later change might, and expects the checker to report each.
 func TestCheckerCatchesWidenedPolicy(t *testing.T) {
 	tmpl := newStack(t, reapercdk.Props{EKSCluster: "demo"}, func(stack awscdk.Stack, r *reapercdk.Reaper) {
 		r.Sweeper.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 			Sid: jsii.String("Widened"), Actions: jsii.Strings("ec2:*"), Resources: jsii.Strings("*"),
+		}))
+		// The managed tag alone: any cluster's instances in the account.
+		r.StateChange.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid: jsii.String("AnyCluster"), Actions: jsii.Strings("ec2:TerminateInstances"), Resources: jsii.Strings("*"),
+			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:ResourceTag/reaper.io/managed": "true"}},
+		}))
+		r.StateChange.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid: jsii.String("OtherCluster"), Actions: jsii.Strings("ec2:TerminateInstances"), Resources: jsii.Strings("*"),
+			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:ResourceTag/reaper.io/managed": "true", "aws:ResourceTag/reaper.io/cluster": "prod"}},
 		}))
 		awsiam.NewManagedPolicy(stack, jsii.String("WrongTag"), &awsiam.ManagedPolicyProps{
 			Statements: &[]awsiam.PolicyStatement{awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
@@ -435,19 +448,19 @@ func TestCheckerCatchesWidenedPolicy(t *testing.T) {
 		})
 		r.ExitRecorder.Role().AddManagedPolicy(awsiam.ManagedPolicy_FromAwsManagedPolicyName(jsii.String("AmazonEC2FullAccess")))
 	})
-	findings := iamcheck.UnguardedTerminations(cdktest.JSON(t, tmpl), "reaper.io/managed")
+	findings := iamcheck.UnguardedTerminations(cdktest.JSON(t, tmpl), demoOwner)
 	var got []string
 	for _, f := range findings {
 		got = append(got, f.String())
 	}
 	all := strings.Join(got, "\n")
-	for _, want := range []string{"(Widened): allows ec2:TerminateInstances", `"aws:ResourceTag/team"`, "AmazonEC2FullAccess"} {
+	for _, want := range []string{"(Widened): allows ec2:TerminateInstances", "(AnyCluster): allows", "(OtherCluster): allows", `"aws:ResourceTag/team"`, "AmazonEC2FullAccess"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("no finding mentions %s; findings:\n%s", want, all)
 		}
 	}
-	if len(findings) != 3 {
-		t.Errorf("%d findings, want 3:\n%s", len(findings), all)
+	if len(findings) != 5 {
+		t.Errorf("%d findings, want 5:\n%s", len(findings), all)
 	}
 }
 
@@ -507,7 +520,7 @@ func TestOptions(t *testing.T) {
 			"detail": map[string]any{"state": []any{"stopping", "stopped", "shutting-down", "terminated", "running"}},
 		})})
 	})
-	if f := iamcheck.UnguardedTerminations(m, "reaper.io/managed"); len(f) != 0 {
+	if f := iamcheck.UnguardedTerminations(m, iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: "prod"}); len(f) != 0 {
 		t.Fatalf("unguarded grants: %v", f)
 	}
 }
@@ -520,7 +533,13 @@ func TestValidate(t *testing.T) {
 		"no access":        {reapercdk.Props{}, "no Kubernetes access"},
 		"both access":      {reapercdk.Props{EKSCluster: "a", KubeconfigSecretArn: "arn:aws:secretsmanager:x"}, "only one"},
 		"secret not arn":   {reapercdk.Props{KubeconfigSecretArn: "my-secret"}, "is not an ARN"},
-		"entry needs eks":  {reapercdk.Props{KubeconfigSecretArn: "arn:x", EKSAccessEntryGroup: "reaper"}, "needs EKSCluster"},
+		"entry needs eks":  {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "c", EKSAccessEntryGroup: "reaper"}, "needs EKSCluster"},
+		"secret, no name":  {reapercdk.Props{KubeconfigSecretArn: "arn:x"}, "ClusterName is required with KubeconfigSecretArn"},
+		"name not eks":     {reapercdk.Props{EKSCluster: "a", ClusterName: "b"}, `ClusterName "b" differs from EKSCluster "a"`},
+		"name not a tag":   {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "a$b"}, `ClusterName "a$b" is not a valid tag value`},
+		"name not a group": {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "on prem"}, `"/reaper/on prem/exits" derived from the cluster is not valid`},
+		"bad group":        {reapercdk.Props{EKSCluster: "a", ExitLogGroupName: "/reaper/a:exits"}, `ExitLogGroupName "/reaper/a:exits"`},
+		"same tag keys":    {reapercdk.Props{EKSCluster: "a", Tags: instances.TagKeys{Cluster: "reaper.io/managed"}}, "the five tag keys must differ"},
 		"system group":     {reapercdk.Props{EKSCluster: "a", EKSAccessEntryGroup: "system:masters"}, "system:"},
 		"sweep seconds":    {reapercdk.Props{EKSCluster: "a", SweepRate: 90 * time.Second}, "SweepRate 1m30s"},
 		"event age":        {reapercdk.Props{EKSCluster: "a", MaxEventAge: 7 * time.Hour}, "MaxEventAge 7h0m0s"},
@@ -540,8 +559,15 @@ func TestValidate(t *testing.T) {
 			}
 		})
 	}
-	if err := (reapercdk.Props{EKSCluster: "a", BuildDir: buildDir}).Validate(); err != nil {
-		t.Fatalf("minimal props: %v", err)
+	for _, p := range []reapercdk.Props{
+		{EKSCluster: "a"},
+		{EKSCluster: "a", ClusterName: "a"},
+		{KubeconfigSecretArn: "arn:x", ClusterName: "on prem", ExitLogGroupName: "/reaper/on-prem/exits"},
+	} {
+		p.BuildDir = buildDir
+		if err := p.Validate(); err != nil {
+			t.Fatalf("props %+v: %v", p, err)
+		}
 	}
 	arm, amd := elfBuildDir(t, elf.EM_AARCH64), elfBuildDir(t, elf.EM_X86_64)
 	if err := (reapercdk.Props{EKSCluster: "a", BuildDir: arm}).Validate(); err != nil {
@@ -578,4 +604,87 @@ func elfBuildDir(t *testing.T, machine elf.Machine) string {
 		}
 	}
 	return dir
+}
+
+// TestTwoClustersInOneAccount deploys Reaper for two clusters side by side,
+// one per access mode, in one account and region: nothing either stack
+// names may clash with the other, and each acts only on its own cluster's
+// instances.
+func TestTwoClustersInOneAccount(t *testing.T) {
+	app := cdktest.NewApp(t, nil)
+	env := &awscdk.Environment{Account: jsii.String("123456789012"), Region: jsii.String("eu-west-1")}
+	clusters := []struct {
+		stack string
+		props reapercdk.Props
+	}{
+		{"ReaperStaging", reapercdk.Props{EKSCluster: "staging", EKSAccessEntryGroup: "reaper"}},
+		{"ReaperProd", reapercdk.Props{
+			KubeconfigSecretArn: "arn:aws:secretsmanager:eu-west-1:123456789012:secret:prod/kubeconfig-AbCdEf",
+			ClusterName:         "prod",
+		}},
+	}
+	// The app synthesizes once, so both stacks exist before either template
+	// is read.
+	stacks := make([]awscdk.Stack, len(clusters))
+	cdktest.Must(t, func() {
+		for i, c := range clusters {
+			stacks[i] = awscdk.NewStack(app, jsii.String(c.stack), &awscdk.StackProps{Env: env})
+			c.props.BuildDir = buildDir
+			c.props.AlarmEmail = "oncall@example.com"
+			reapercdk.New(stacks[i], "Reaper", &c.props)
+		}
+	})
+	claimed := map[string]string{}
+	for i, c := range clusters {
+		m := cdktest.JSON(t, cdktest.Template(t, stacks[i]))
+		cluster := c.props.Cluster()
+
+		names := cdktest.PhysicalNames(t, c.stack, m)
+		for _, name := range names {
+			if other, ok := claimed[name]; ok {
+				t.Errorf("%s and %s both claim %s", other, c.stack, name)
+			}
+			claimed[name] = c.stack
+		}
+		if group := "AWS::Logs::LogGroup /reaper/" + cluster + "/exits"; !slices.Contains(names, group) {
+			t.Errorf("%s: no %s among %v", c.stack, group, names)
+		}
+
+		for id, f := range cdktest.Resources(m, "AWS::Lambda::Function") {
+			vars := cdktest.Props(f)["Environment"].(map[string]any)["Variables"].(map[string]any)
+			if vars["REAPER_CLUSTER"] != cluster {
+				t.Errorf("%s %s: REAPER_CLUSTER %v, want %s", c.stack, id, vars["REAPER_CLUSTER"], cluster)
+			}
+		}
+
+		terminates := 0
+		want := fmt.Sprintf(`{"StringEquals":{"aws:ResourceTag/reaper.io/cluster":%q,"aws:ResourceTag/reaper.io/managed":"true"}}`, cluster)
+		for id, p := range cdktest.Resources(m, "AWS::IAM::Policy") {
+			for _, st := range cdktest.Props(p)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
+				st := st.(map[string]any)
+				if !slices.Contains(strs(st["Action"]), "ec2:TerminateInstances") {
+					continue
+				}
+				terminates++
+				if got := compact(st["Condition"]); got != want {
+					t.Errorf("%s %s: terminate condition %s, want %s", c.stack, id, got, want)
+				}
+			}
+		}
+		if terminates != 3 {
+			t.Errorf("%s: %d terminate statements, want one per function", c.stack, terminates)
+		}
+		own := iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: cluster}
+		if f := iamcheck.UnguardedTerminations(m, own); len(f) != 0 {
+			t.Errorf("%s: unguarded grants: %v", c.stack, f)
+		}
+		for _, other := range clusters {
+			if o := other.props.Cluster(); o != cluster {
+				own.Cluster = o
+				if f := iamcheck.UnguardedTerminations(m, own); len(f) != 3 {
+					t.Errorf("%s may terminate %s's instances: %d findings, want 3", c.stack, o, len(f))
+				}
+			}
+		}
+	}
 }
