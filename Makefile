@@ -49,7 +49,7 @@ bench: setup
 	@$(SETUP) && go test -run '^$$' -bench . -benchmem -benchtime 1x -timeout 30m ./bench/...
 
 # cdk.out/<stack>.template.json and its assets; needs no AWS account or
-# credentials. `sam local invoke -t cdk.out/Reaper.template.json` runs on it.
+# credentials. `sam local invoke -t cdk.out/Reaper-<cluster>.template.json` runs on it.
 # Knobs (README, "Context knobs") go in CDK_CONTEXT, e.g.
 # make synth CDK_CONTEXT="-c eksCluster=prod -c alarmEmail=ops@example.com"
 .PHONY: synth
