@@ -139,10 +139,17 @@ func writeFile(t *testing.T, path, body string) {
 type harness struct {
 	t                            *testing.T
 	dir, fake, state, conf, exit string
+	agentState                   string // the agent's state file for the exit log
 	env                          []string
 	stderr                       string
 	status                       int
 	noInstanceID                 bool // IMDS is down on purpose: lines lack the instance id
+}
+
+// agentStateName is the name the CloudWatch agent gives the state file of
+// the log file at path.
+func agentStateName(path string) string {
+	return strings.NewReplacer("/", "_", " ", "_", ":", "_").Replace(path)
 }
 
 func newHarness(t *testing.T, pod Pod, opts Options, runs ...fakeRun) *harness {
@@ -154,6 +161,13 @@ func newHarness(t *testing.T, pod Pod, opts Options, runs ...fakeRun) *harness {
 		opts.ExitLogPath = h.exit
 	}
 	h.exit = opts.ExitLogPath
+	agentDir := filepath.Join(dir, "agent-state")
+	h.agentState = filepath.Join(agentDir, agentStateName(h.exit))
+	if err := os.MkdirAll(agentDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// By default the agent ships every line while the wrapper sleeps.
+	writeFile(t, filepath.Join(h.fake, "agent", "ship"), "")
 	conf, err := WrapperConfig(pod, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -197,9 +211,43 @@ func newHarness(t *testing.T, pod Pod, opts Options, runs ...fakeRun) *harness {
 		"REAPER_IMDS_URL=" + imdsServer(t).URL,
 		"REAPER_INSTANCE_ID_FILE=" + filepath.Join(dir, "cloud-instance-id"),
 		"REAPER_TIME_SCALE=1000",
+		"REAPER_AGENT_STATE_DIR=" + agentDir,
+		"FAKE_AGENT_STATE=" + h.agentState,
+		"FAKE_EXIT_LOG=" + h.exit,
 		"LC_ALL=C",
 	}
 	return h
+}
+
+// agentQuiet stops the agent double from shipping every line: it saves
+// only what agentSaves scripts.
+func (h *harness) agentQuiet() {
+	h.t.Helper()
+	if err := os.Remove(filepath.Join(h.fake, "agent", "ship")); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// agentSaves makes the agent double save state on the sleep double's
+// call-th call (1-based), with {size} and {size-1} standing for the exit
+// log's size at that moment and one less.
+func (h *harness) agentSaves(call int, state string) {
+	h.t.Helper()
+	writeFile(h.t, filepath.Join(h.fake, "agent", fmt.Sprint(call)), state)
+}
+
+// saved is the agent's state for the exit log at offset off (a number or
+// {size}): the offset, the path, the byte range, no trailing newline.
+func (h *harness) saved(off string) string { return off + "\n" + h.exit + "\n0-" + off }
+
+// exitSize is the exit log's size in bytes.
+func (h *harness) exitSize() int {
+	h.t.Helper()
+	fi, err := os.Stat(h.exit)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return int(fi.Size())
 }
 
 func (h *harness) setenv(kv ...string) { h.env = append(h.env, kv...) }

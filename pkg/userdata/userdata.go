@@ -42,6 +42,20 @@ const (
 // cluster's exit lines.
 func DefaultLogGroup(cluster string) string { return "/reaper/" + cluster + "/exits" }
 
+// When the wrapper powers the host off after the final exit line
+// (Options.ShutdownMode).
+const (
+	// ShutdownWhenShipped powers off as soon as the CloudWatch agent's saved
+	// read offset covers the line, at the latest after ShutdownDelay. The
+	// agent saves it once PutLogEvents has accepted the line, or once it has
+	// given up on it for good (then the line is lost, as it would be with
+	// ShutdownAfterDelay). It is the default.
+	ShutdownWhenShipped = "when-shipped"
+	// ShutdownAfterDelay powers off after ShutdownDelay, leaving the host to
+	// Reaper's termination until then.
+	ShutdownAfterDelay = "after-delay"
+)
+
 // Defaults for Options and TagKeys.
 const (
 	DefaultExitLogPath   = "/var/log/reaper/exit.log"
@@ -127,9 +141,12 @@ type Options struct {
 	// MaxRestarts caps in-place restarts (0: unlimited). When the cap is
 	// reached the Pod ends with that exit.
 	MaxRestarts int
+	// ShutdownMode is when the wrapper powers the host off after the final
+	// exit line: ShutdownWhenShipped (default) or ShutdownAfterDelay.
+	ShutdownMode string
 	// ShutdownDelay is how long after the final exit line the wrapper waits
-	// for the reaper to terminate the instance before powering it off
-	// itself (default 10m; rounded up to whole seconds).
+	// at most before powering the host off itself, unless Reaper terminates
+	// the instance first (default 10m; rounded up to whole seconds).
 	ShutdownDelay time.Duration
 	// DockerRunArgs are extra flags for "docker run", e.g. "--gpus", "all".
 	DockerRunArgs []string
@@ -389,6 +406,9 @@ func (o Options) resolve() (resolved, error) {
 	if o.ContainerCLI == "" {
 		o.ContainerCLI = DefaultContainerCLI
 	}
+	if o.ShutdownMode == "" {
+		o.ShutdownMode = ShutdownWhenShipped
+	}
 	if o.ShutdownDelay == 0 {
 		o.ShutdownDelay = DefaultShutdownDelay
 	}
@@ -403,6 +423,9 @@ func (o Options) resolve() (resolved, error) {
 	}
 	if o.MaxRestarts < 0 {
 		errs = append(errs, fmt.Errorf("max restarts %d is negative", o.MaxRestarts))
+	}
+	if o.ShutdownMode != ShutdownWhenShipped && o.ShutdownMode != ShutdownAfterDelay {
+		errs = append(errs, fmt.Errorf("shutdown mode %q is not %s or %s", o.ShutdownMode, ShutdownWhenShipped, ShutdownAfterDelay))
 	}
 	if o.ShutdownDelay < 0 {
 		errs = append(errs, fmt.Errorf("shutdown delay %v is negative", o.ShutdownDelay))
@@ -558,6 +581,7 @@ func wrapperConfig(pod Pod, r resolved) string {
 		{"REAPER_IMAGE", shq(pod.Image)},
 		{"REAPER_RESTART_POLICY", shq(pod.policy())},
 		{"REAPER_MAX_RESTARTS", fmt.Sprint(r.MaxRestarts)},
+		{"REAPER_SHUTDOWN_MODE", shq(r.ShutdownMode)},
 		{"REAPER_SHUTDOWN_DELAY", fmt.Sprint(r.delaySeconds)},
 		{"REAPER_EXIT_LOG", shq(r.ExitLogPath)},
 		{"REAPER_CLI", shq(r.ContainerCLI)},
@@ -600,6 +624,13 @@ func unit(r resolved) string {
 
 // AgentConfig returns the CloudWatch agent configuration that ships the exit
 // log to the log group, one log stream per instance, flushed every second.
+//
+// It sets neither logs.concurrency nor multi_line_start_pattern, which the
+// wrapper's ShutdownWhenShipped relies on: without concurrency the agent
+// sends the file's batches one after the other, so its saved offset reaching
+// the final line's end means every earlier line is done too; and without a
+// multi-line pattern the agent sends the final line at the next flush
+// instead of holding it back for a continuation.
 func AgentConfig(opts Options) ([]byte, error) {
 	r, err := opts.resolve()
 	if err != nil {

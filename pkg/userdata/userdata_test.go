@@ -315,6 +315,7 @@ func TestValidate(t *testing.T) {
 		{"cli", func(_ *Pod, o *Options) { o.ContainerCLI = "docker; rm" }, "container CLI"},
 		{"max restarts", func(_ *Pod, o *Options) { o.MaxRestarts = -1 }, "max restarts"},
 		{"delay", func(_ *Pod, o *Options) { o.ShutdownDelay = -time.Second }, "shutdown delay"},
+		{"shutdown mode", func(_ *Pod, o *Options) { o.ShutdownMode = "never" }, `shutdown mode "never" is not when-shipped or after-delay`},
 		{"tag key", func(_ *Pod, o *Options) { o.TagKeys.UID = "aws:uid" }, "tag key"},
 		{"cluster tag key", func(_ *Pod, o *Options) { o.TagKeys.Cluster = "aws:cluster" }, `tag key "aws:cluster"`},
 		{"run arg rm", func(_ *Pod, o *Options) { o.DockerRunArgs = []string{"--rm"} }, "owns --rm"},
@@ -353,15 +354,15 @@ func TestDefaultsAndPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"REAPER_RESTART_POLICY='Always'\n", "REAPER_SHUTDOWN_DELAY=600\n",
+	for _, want := range []string{"REAPER_RESTART_POLICY='Always'\n", "REAPER_SHUTDOWN_DELAY=600\n", "REAPER_SHUTDOWN_MODE='when-shipped'\n",
 		"REAPER_EXIT_LOG='/var/log/reaper/exit.log'\n", "REAPER_CLI='docker'\n", "REAPER_MAX_RESTARTS=0\n"} {
 		if !strings.Contains(conf, want) {
 			t.Errorf("config lacks %q:\n%s", want, conf)
 		}
 	}
-	conf, _ = WrapperConfig(p, Options{ShutdownDelay: 1500 * time.Millisecond})
-	if !strings.Contains(conf, "REAPER_SHUTDOWN_DELAY=2\n") {
-		t.Errorf("shutdown delay not rounded up to whole seconds:\n%s", conf)
+	conf, _ = WrapperConfig(p, Options{ShutdownDelay: 1500 * time.Millisecond, ShutdownMode: ShutdownAfterDelay})
+	if !strings.Contains(conf, "REAPER_SHUTDOWN_DELAY=2\n") || !strings.Contains(conf, "REAPER_SHUTDOWN_MODE='after-delay'\n") {
+		t.Errorf("shutdown delay not rounded up to whole seconds, or mode lost:\n%s", conf)
 	}
 }
 
@@ -477,6 +478,15 @@ func TestAgentConfig(t *testing.T) {
 	if c.Logs.ForceFlushInterval != 1 || len(l) != 1 || l[0]["file_path"] != DefaultExitLogPath ||
 		l[0]["log_group_name"] != "/reaper/prod/exits" || l[0]["log_stream_name"] != "{instance_id}" {
 		t.Errorf("agent config:\n%s", b)
+	}
+	// Nothing else: logs.concurrency or a multi_line_start_pattern would
+	// change what the agent's saved offset tells the wrapper.
+	var top map[string]map[string]any
+	if err := json.Unmarshal(b, &top); err != nil {
+		t.Fatal(err)
+	}
+	if len(top) != 1 || len(top["logs"]) != 2 || len(l) != 1 || len(l[0]) != 3 {
+		t.Errorf("agent config has settings beyond the file, group, stream and flush interval:\n%s", b)
 	}
 }
 

@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 // The wrapper is run for real (sh -u, and bash) against the docker double,
 // with REAPER_TIME_SCALE=1000: a 10 s backoff is recorded as "sleep 0.01",
-// the 600 s shutdown delay as "sleep 0.6".
+// the 600 s shutdown delay as "sleep 0.6", a 1 s poll as "sleep 0.001".
 
 func jobPod(policy string) Pod {
 	return Pod{
@@ -34,7 +36,13 @@ func eachShell(t *testing.T, body func(t *testing.T, shell string)) {
 	}
 }
 
-var shutdownNow = []string{"sleep 0.6", "shutdown -P now"}
+// After a final line the agent double ships it within the wrapper's first
+// 1 s poll; without a line (already terminal, bad configuration) the wrapper
+// waits the delay.
+var (
+	shippedNow = []string{"sleep 0.001", "shutdown -P now"}
+	afterDelay = []string{"sleep 0.6", "shutdown -P now"}
+)
 
 func TestWrapperExit0(t *testing.T) {
 	eachShell(t, func(t *testing.T, sh string) {
@@ -49,7 +57,7 @@ func TestWrapperExit0(t *testing.T) {
 			"docker run reaper-main-0",
 			"docker wait " + fakeCID(1),
 			"docker inspect " + fakeCID(1),
-			"sleep 0.6",
+			"sleep 0.001",
 			"shutdown -P now",
 		})
 		runArgs, _ := RunArgs(pod, Options{})
@@ -67,7 +75,7 @@ func TestWrapperExit1Never(t *testing.T) {
 		h.run(sh, Wrapper())
 		checkLines(t, pod, h.lines(), []line{{run: 1, code: 1}})
 		equalStrings(t, "calls", h.events("docker run", "docker rm", "sleep", "shutdown"),
-			[]string{"docker run reaper-main-0", "sleep 0.6", "shutdown -P now"})
+			[]string{"docker run reaper-main-0", "sleep 0.001", "shutdown -P now"})
 	})
 }
 
@@ -77,7 +85,7 @@ func TestWrapperOOM(t *testing.T) {
 		h := newHarness(t, pod, Options{}, fakeRun{Exit: 137, OOM: true})
 		h.run(sh, Wrapper())
 		checkLines(t, pod, h.lines(), []line{{run: 1, code: 137, oom: true, signal: "SIGKILL"}})
-		equalStrings(t, "calls", h.events("sleep", "shutdown"), shutdownNow)
+		equalStrings(t, "calls", h.events("sleep", "shutdown"), shippedNow)
 	})
 }
 
@@ -100,7 +108,7 @@ func TestWrapperRuntimeRestart(t *testing.T) {
 			"docker info (down)", "sleep 0.001",
 			"docker info",
 			"docker inspect " + c,
-			"sleep 0.6", "shutdown -P now",
+			"sleep 0.001", "shutdown -P now",
 		})
 	})
 }
@@ -140,7 +148,7 @@ func TestWrapperRuntimeGone(t *testing.T) {
 			"docker info (down)", "sleep 0.001",
 			"docker info (down)", "sleep 0.001",
 			"docker info (down)",
-			"sleep 0.6", "shutdown -P now",
+			"sleep 0.001", "shutdown -P now",
 		})
 	})
 }
@@ -172,7 +180,7 @@ func TestWrapperCrashLoop(t *testing.T) {
 			want = append(want, l)
 		}
 		checkLines(t, pod, h.lines(), want)
-		equalStrings(t, "calls", h.events("docker run", "docker rm", "sleep", "shutdown"), append(calls, shutdownNow...))
+		equalStrings(t, "calls", h.events("docker run", "docker rm", "sleep", "shutdown"), append(calls, shippedNow...))
 	})
 }
 
@@ -189,7 +197,7 @@ func TestWrapperBackoffReset(t *testing.T) {
 			{run: 3, code: 2, restart: 2, will: true, backoff: 10, started: long.Started, finished: long.Finished},
 			{run: 4, code: 3, restart: 3},
 		})
-		equalStrings(t, "sleeps", h.events("sleep"), []string{"sleep 0.01", "sleep 0.02", "sleep 0.01", "sleep 0.6"})
+		equalStrings(t, "sleeps", h.events("sleep"), []string{"sleep 0.01", "sleep 0.02", "sleep 0.01", "sleep 0.001"})
 	})
 }
 
@@ -204,15 +212,17 @@ func TestWrapperOnFailure(t *testing.T) {
 		})
 		equalStrings(t, "calls", h.events("docker run", "docker rm", "sleep", "shutdown"), []string{
 			"docker run reaper-main-0", "docker rm " + fakeCID(1), "sleep 0.01",
-			"docker run reaper-main-1", "sleep 0.6", "shutdown -P now",
+			"docker run reaper-main-1", "sleep 0.001", "shutdown -P now",
 		})
 	})
 }
 
+// ShutdownAfterDelay waits the whole delay although the agent has shipped
+// the line.
 func TestWrapperOnFailureExit0(t *testing.T) {
 	eachShell(t, func(t *testing.T, sh string) {
 		pod := jobPod(RestartOnFailure)
-		h := newHarness(t, pod, Options{ShutdownDelay: 90e9}, fakeRun{Exit: 0})
+		h := newHarness(t, pod, Options{ShutdownDelay: 90e9, ShutdownMode: ShutdownAfterDelay}, fakeRun{Exit: 0})
 		h.run(sh, Wrapper())
 		checkLines(t, pod, h.lines(), []line{{run: 1, code: 0}})
 		equalStrings(t, "calls", h.events("docker run", "sleep", "shutdown"),
@@ -261,7 +271,7 @@ func TestWrapperPullFailure(t *testing.T) {
 		p := "docker pull " + jobImage
 		equalStrings(t, "calls", h.events("docker pull", "docker run", "sleep"), []string{
 			p, "sleep 0.01", p, "sleep 0.02", p, "sleep 0.04", p, "sleep 0.08", p,
-			"docker run reaper-main-0", "sleep 0.6",
+			"docker run reaper-main-0", "sleep 0.001",
 		})
 	})
 }
@@ -311,7 +321,7 @@ func TestWrapperAlreadyTerminal(t *testing.T) {
 		h := newHarness(t, jobPod(RestartNever), Options{}, fakeRun{})
 		writeFile(t, filepath.Join(h.state, "terminal"), "")
 		h.run(sh, Wrapper())
-		equalStrings(t, "calls", h.events(), shutdownNow)
+		equalStrings(t, "calls", h.events(), afterDelay)
 	})
 }
 
@@ -320,7 +330,7 @@ func TestWrapperBadConfig(t *testing.T) {
 		h := newHarness(t, jobPod(RestartNever), Options{}, fakeRun{})
 		h.conf = filepath.Join(h.dir, "missing.conf")
 		h.run(sh, Wrapper())
-		equalStrings(t, "calls", h.events(), shutdownNow)
+		equalStrings(t, "calls", h.events(), afterDelay)
 	})
 }
 
@@ -331,7 +341,7 @@ func TestWrapperShutdownRetried(t *testing.T) {
 		h.setenv("REAPER_SHUTDOWN_CMD=shutdown -h +0")
 		h.run(sh, Wrapper())
 		equalStrings(t, "calls", h.events("sleep", "shutdown"),
-			[]string{"sleep 0.6", "shutdown -h +0", "sleep 0.06", "shutdown -h +0"})
+			[]string{"sleep 0.001", "shutdown -h +0", "sleep 0.06", "shutdown -h +0"})
 		if h.status != 0 {
 			t.Errorf("wrapper exit status %d, want 0", h.status)
 		}
@@ -364,7 +374,7 @@ func TestWrapperHostileArgv(t *testing.T) {
 		equalStrings(t, "first docker run argv", h.argv(1), append([]string{"-d", "--name", "reaper-app-0"}, want...))
 		equalStrings(t, "second docker run argv", h.argv(2), append([]string{"-d", "--name", "reaper-app-1"}, want...))
 		checkLines(t, pod, h.lines(), []line{{run: 1, code: 3, will: true, backoff: 10}, {run: 2, restart: 1}})
-		equalStrings(t, "sleeps", h.events("sleep"), []string{"sleep 0.01", "sleep 0.09"})
+		equalStrings(t, "sleeps", h.events("sleep"), []string{"sleep 0.01", "sleep 0.001"})
 	})
 }
 
@@ -386,6 +396,109 @@ func TestWrapperNoInstanceID(t *testing.T) {
 		for range 15 { // 5 tries at start, 10 before the line
 			want = append(want, "sleep 0.001")
 		}
-		equalStrings(t, "calls", h.events("sleep", "shutdown"), append(want, shutdownNow...))
+		equalStrings(t, "calls", h.events("sleep", "shutdown"), append(want, shippedNow...))
 	})
+}
+
+// After the final line the wrapper polls the agent's saved offset once a
+// second and powers off as soon as it covers the line, at the latest after
+// the delay. The agent double saves at scripted sleeps; each case says on
+// which poll the wrapper must power off (0: never, the delay runs out).
+func TestWrapperPowerOffWhenShipped(t *testing.T) {
+	t.Parallel()
+	const shipped = "{size}\nPATH\n0-{size}"
+	for _, tc := range []struct {
+		name  string
+		saves map[int]string // sleep call -> state (PATH: the exit log's path)
+		delay int            // seconds (default 600)
+		off   string         // the offset the wrapper's last word names, with {size} and {size-1}; "" for none
+		after int            // polls before the power-off; 0: the delay runs out
+	}{
+		// No state file until the third poll.
+		{name: "appears", saves: map[int]string{3: shipped}, off: "{size}", after: 3},
+		// Caught mid-write: empty, garbage, line 1 without its newline.
+		{name: "torn", saves: map[int]string{1: "", 2: "garbage\nPATH\n0-1", 3: "{size}", 4: shipped}, off: "{size}", after: 4},
+		// One byte short of the line's newline: not shipped.
+		{name: "short", saves: map[int]string{1: "{size-1}\nPATH\n0-{size-1}"}, delay: 5, off: "{size-1}"},
+		{name: "never", delay: 3},
+		{name: "beyond", saves: map[int]string{1: "1000000\nPATH\n0-1000000"}, off: "1000000", after: 1},
+		// With logs.concurrency the agent lists ranges with gaps; line 1 is their highest end.
+		{name: "ranges", saves: map[int]string{2: "{size}\nPATH\n0-5,20-{size}"}, off: "{size}", after: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachShell(t, func(t *testing.T, sh string) {
+				pod := jobPod(RestartNever)
+				opts := Options{ShutdownDelay: time.Duration(tc.delay) * time.Second}
+				h := newHarness(t, pod, opts, fakeRun{Exit: 0})
+				h.agentQuiet()
+				for call, st := range tc.saves {
+					h.agentSaves(call, strings.ReplaceAll(st, "PATH", h.exit))
+				}
+				h.run(sh, Wrapper())
+				checkLines(t, pod, h.lines(), []line{{run: 1}})
+				end := h.exitSize()
+				off := strings.NewReplacer("{size}", fmt.Sprint(end), "{size-1}", fmt.Sprint(end-1)).Replace(tc.off)
+				polls, msg := tc.after, fmt.Sprintf("exit line shipped after %ds (agent offset %s, line end %d)", tc.after, off, end)
+				if tc.after == 0 {
+					polls = tc.delay
+					msg = fmt.Sprintf("exit line not shipped within %ds (agent offset %s, line end %d)", tc.delay, or(off, "none"), end)
+				}
+				var want []string
+				for range polls {
+					want = append(want, "sleep 0.001")
+				}
+				equalStrings(t, "calls", h.events("sleep", "shutdown"), append(want, "shutdown -P now"))
+				wantLog(t, h.stderr, msg, "powering off: shutdown -P now")
+			})
+		})
+	}
+}
+
+// A restart line the agent has shipped before the final one: its offset
+// is the exit log's size before the final append, not stale.
+func TestWrapperShippedAfterRestart(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartOnFailure)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 1}, fakeRun{Exit: 0})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1, code: 1, will: true, backoff: 10}, {run: 2, restart: 1}})
+		equalStrings(t, "calls", h.events("sleep", "shutdown"), []string{"sleep 0.01", "sleep 0.001", "shutdown -P now"})
+		end := h.exitSize()
+		wantLog(t, h.stderr, fmt.Sprintf("exit line shipped after 1s (agent offset %d, line end %d)", end, end))
+	})
+}
+
+// A saved offset past the exit log's end before the final append belongs to
+// an earlier file of that name: the wrapper does not trust it and waits the
+// delay, although the agent double would ship the line.
+func TestWrapperShippedStaleState(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{Exit: 0})
+		writeFile(t, h.agentState, h.saved("1000000"))
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{{run: 1}})
+		equalStrings(t, "calls", h.events("sleep", "shutdown"), afterDelay)
+		wantLog(t, h.stderr, "agent offset 1000000 is past the end of "+h.exit+" (0 bytes): stale, not waiting for it",
+			"workload is terminal; powering off in 600s unless terminated first")
+	})
+}
+
+// The wrapper finds the agent's state file by the exit log's path, with /,
+// space and : turned into _.
+func TestAgentStateName(t *testing.T) {
+	t.Parallel()
+	if got := agentStateName(DefaultExitLogPath); got != "_var_log_reaper_exit.log" {
+		t.Errorf("agentStateName(%q) = %q", DefaultExitLogPath, got)
+	}
+}
+
+// wantLog checks that the wrapper logged each of msgs as a whole line.
+func wantLog(t *testing.T, stderr string, msgs ...string) {
+	t.Helper()
+	for _, m := range msgs {
+		if !strings.Contains("\n"+stderr, "\nreaper-wrapper: "+m+"\n") {
+			t.Errorf("wrapper did not log %q; stderr:\n%s", m, stderr)
+		}
+	}
 }

@@ -7,7 +7,8 @@
 # CloudWatch agent ships. Restarts in place when the restartPolicy says so
 # (backoff 10 s doubling to 300 s, reset after 10 min of running), rides out a
 # restart of the container runtime, and powers the host off once the workload
-# is terminal.
+# is terminal: as soon as the agent has shipped the final line
+# (REAPER_SHUTDOWN_MODE=when-shipped), at the latest after the shutdown delay.
 #
 # Configuration: the file named by $1 or REAPER_CONFIG (default
 # /etc/reaper/workload.conf), written by the Reaper user-data.
@@ -19,6 +20,8 @@
 #   REAPER_RUNTIME_TIMEOUT [600]            seconds to wait for the runtime
 #   REAPER_PULL_ATTEMPTS [5]                image pull attempts
 #   REAPER_SHUTDOWN_CMD [shutdown -P now]   how the host powers off
+#   REAPER_AGENT_STATE_DIR [/opt/aws/amazon-cloudwatch-agent/logs/state]
+#                                           the CloudWatch agent's read offsets
 #
 # Whatever goes wrong (bad configuration, runtime gone, the script itself
 # failing), the wrapper ends by powering the host off: never a leaked instance.
@@ -30,12 +33,14 @@ scale=${REAPER_TIME_SCALE:-1}
 runtime_timeout=${REAPER_RUNTIME_TIMEOUT:-600}
 pull_attempts=${REAPER_PULL_ATTEMPTS:-5}
 shutdown_cmd=${REAPER_SHUTDOWN_CMD:-shutdown -P now}
+agent_dir=${REAPER_AGENT_STATE_DIR:-/opt/aws/amazon-cloudwatch-agent/logs/state}
+ship_end=
 conf=${1:-${REAPER_CONFIG:-/etc/reaper/workload.conf}}
 zero=0001-01-01T00:00:00Z
 fmt='{{.State.Status}}|{{.State.ExitCode}}|{{.State.OOMKilled}}|{{.State.StartedAt}}|{{.State.FinishedAt}}|{{.Id}}|{{.State.Error}}'
 
 # Defaults, so that the host still powers off when the configuration is bad.
-REAPER_CLI=docker REAPER_SHUTDOWN_DELAY=600 REAPER_MAX_RESTARTS=0
+REAPER_CLI=docker REAPER_SHUTDOWN_DELAY=600 REAPER_MAX_RESTARTS=0 REAPER_SHUTDOWN_MODE=when-shipped
 REAPER_EXIT_LOG=/var/log/reaper/exit.log REAPER_CONTAINER='' REAPER_IMAGE=''
 REAPER_RESTART_POLICY='' REAPER_POD_JSON='' REAPER_RUN_ARGS=''
 
@@ -47,6 +52,22 @@ int() { case $1 in '' | *[!0-9]*) return 1 ;; esac; }
 nap() { sleep "$(awk -v s="$1" -v k="$scale" 'BEGIN { printf "%g\n", s / k }')"; }
 
 now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+
+# size F: the size of file F in bytes, 0 when it cannot be read.
+size() {
+	sz=$(wc -c 2>/dev/null <"$1" | tr -dc 0-9)
+	echo "${sz:-0}"
+}
+
+# agent_offset: prints the CloudWatch agent's offset in the exit log, the end
+# of what its sender is done with (accepted by PutLogEvents, or given up on
+# for good); fails while there is none. The agent rewrites its state file in
+# place every 100 ms, so the file can be missing, empty or cut short: line 1
+# counts only with its newline. Line 3 (the byte ranges) is not needed: line
+# 1 is their highest end, and the final line is the last one in the file.
+agent_offset() {
+	IFS= read -r ao 2>/dev/null <"$agent_state" && int "$ao" && echo "$ao"
+}
 
 # json_str S: S as a JSON string (control characters dropped).
 json_str() {
@@ -218,17 +239,49 @@ emit() {
 	[ -n "$err" ] && line="$line,\"error\":$(json_str "$(printf '%s' "$err" | cut -c1-400)")"
 	line="$line}"
 	mkdir -p "${REAPER_EXIT_LOG%/*}"
+	s0=$(size "$REAPER_EXIT_LOG")
+	v0=$(agent_offset) || v0=0
 	# One write per line: lines never interleave.
-	printf '%s\n' "$line" >>"$REAPER_EXIT_LOG" || log "cannot append to $REAPER_EXIT_LOG"
+	if ! printf '%s\n' "$line" >>"$REAPER_EXIT_LOG"; then
+		log "cannot append to $REAPER_EXIT_LOG"
+	elif [ "$1" = false ] && [ "$REAPER_SHUTDOWN_MODE" = when-shipped ]; then
+		# An offset past the file's end belongs to an earlier file of that
+		# name (recreated, or left in the AMI): it would prove nothing.
+		if [ "$v0" -gt "$s0" ]; then
+			log "agent offset $v0 is past the end of $REAPER_EXIT_LOG ($s0 bytes): stale, not waiting for it"
+		else
+			ship_end=$(size "$REAPER_EXIT_LOG")
+			[ "$ship_end" -gt "$s0" ] || ship_end=
+		fi
+	fi
 	log "exit line: $line"
 }
 
-# reap_host: the last resort once the workload is terminal. Normally the
-# reaper terminates the instance within seconds; if it is still up after the
-# delay, power off (the instance is launched with shutdown behavior terminate).
+# reap_host: powers the host off once the workload is terminal (the instance
+# is launched with shutdown behavior terminate). After a final line
+# (ship_end: its end in the exit log), as soon as the agent's offset reaches
+# it: the line is then in CloudWatch Logs, which delivers it to Reaper
+# without the host, so no grace period follows. Otherwise, and when the agent
+# does not get there, after the delay: the last resort when the reaper has
+# not terminated the instance (it normally does within seconds).
 reap_host() {
-	log "workload is terminal; powering off in ${REAPER_SHUTDOWN_DELAY}s unless terminated first"
-	nap "$REAPER_SHUTDOWN_DELAY"
+	if [ -n "$ship_end" ]; then
+		log "workload is terminal; powering off once the agent has shipped the exit line, at the latest in ${REAPER_SHUTDOWN_DELAY}s"
+		n=0 off=
+		until [ "$n" -ge "$REAPER_SHUTDOWN_DELAY" ]; do
+			nap 1
+			n=$((n + 1))
+			off=$(agent_offset) && [ "$off" -ge "$ship_end" ] && break
+		done
+		if [ -n "$off" ] && [ "$off" -ge "$ship_end" ]; then
+			log "exit line shipped after ${n}s (agent offset $off, line end $ship_end)"
+		else
+			log "exit line not shipped within ${REAPER_SHUTDOWN_DELAY}s (agent offset ${off:-none}, line end $ship_end)"
+		fi
+	else
+		log "workload is terminal; powering off in ${REAPER_SHUTDOWN_DELAY}s unless terminated first"
+		nap "$REAPER_SHUTDOWN_DELAY"
+	fi
 	while :; do
 		log "powering off: $shutdown_cmd"
 		# shellcheck disable=SC2086 # a command line, split on purpose
@@ -254,6 +307,8 @@ fi
 . "$conf"
 int "$REAPER_SHUTDOWN_DELAY" || REAPER_SHUTDOWN_DELAY=600
 int "$REAPER_MAX_RESTARTS" || REAPER_MAX_RESTARTS=0
+# The agent names a file's state after its path, with /, space and : as _.
+agent_state=$agent_dir/$(printf '%s' "$REAPER_EXIT_LOG" | tr '/ :' '___')
 if [ -z "$REAPER_CONTAINER" ] || [ -z "$REAPER_IMAGE" ] || [ -z "$REAPER_POD_JSON" ]; then
 	log "$conf lacks REAPER_CONTAINER, REAPER_IMAGE or REAPER_POD_JSON"
 	reap_host

@@ -31,11 +31,13 @@ scale=${REAPER_TIME_SCALE:-1}
 runtime_timeout=${REAPER_RUNTIME_TIMEOUT:-600}
 pull_attempts=${REAPER_PULL_ATTEMPTS:-5}
 shutdown_cmd=${REAPER_SHUTDOWN_CMD:-shutdown -P now}
+agent_dir=${REAPER_AGENT_STATE_DIR:-/opt/aws/amazon-cloudwatch-agent/logs/state}
+ship_end=
 conf=${1:-${REAPER_CONFIG:-/etc/reaper/workload.conf}}
 zero=0001-01-01T00:00:00Z
 fmt='{{.State.Status}}|{{.State.ExitCode}}|{{.State.OOMKilled}}|{{.State.StartedAt}}|{{.State.FinishedAt}}|{{.Id}}|{{.State.Error}}'
 
-REAPER_CLI=docker REAPER_SHUTDOWN_DELAY=600 REAPER_MAX_RESTARTS=0
+REAPER_CLI=docker REAPER_SHUTDOWN_DELAY=600 REAPER_MAX_RESTARTS=0 REAPER_SHUTDOWN_MODE=when-shipped
 REAPER_EXIT_LOG=/var/log/reaper/exit.log REAPER_CONTAINER='' REAPER_IMAGE=''
 REAPER_RESTART_POLICY='' REAPER_POD_JSON='' REAPER_RUN_ARGS=''
 
@@ -46,6 +48,15 @@ int() { case $1 in '' | *[!0-9]*) return 1 ;; esac; }
 nap() { sleep "$(awk -v s="$1" -v k="$scale" 'BEGIN { printf "%g\n", s / k }')"; }
 
 now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+
+size() {
+	sz=$(wc -c 2>/dev/null <"$1" | tr -dc 0-9)
+	echo "${sz:-0}"
+}
+
+agent_offset() {
+	IFS= read -r ao 2>/dev/null <"$agent_state" && int "$ao" && echo "$ao"
+}
 
 json_str() {
 	printf '"%s"' "$(printf '%s' "$1" | tr '\t\n\r' '   ' | tr -d '\000-\037' | sed 's/\\/\\\\/g; s/"/\\"/g')"
@@ -198,13 +209,39 @@ emit() {
 	[ -n "$err" ] && line="$line,\"error\":$(json_str "$(printf '%s' "$err" | cut -c1-400)")"
 	line="$line}"
 	mkdir -p "${REAPER_EXIT_LOG%/*}"
-	printf '%s\n' "$line" >>"$REAPER_EXIT_LOG" || log "cannot append to $REAPER_EXIT_LOG"
+	s0=$(size "$REAPER_EXIT_LOG")
+	v0=$(agent_offset) || v0=0
+	if ! printf '%s\n' "$line" >>"$REAPER_EXIT_LOG"; then
+		log "cannot append to $REAPER_EXIT_LOG"
+	elif [ "$1" = false ] && [ "$REAPER_SHUTDOWN_MODE" = when-shipped ]; then
+		if [ "$v0" -gt "$s0" ]; then
+			log "agent offset $v0 is past the end of $REAPER_EXIT_LOG ($s0 bytes): stale, not waiting for it"
+		else
+			ship_end=$(size "$REAPER_EXIT_LOG")
+			[ "$ship_end" -gt "$s0" ] || ship_end=
+		fi
+	fi
 	log "exit line: $line"
 }
 
 reap_host() {
-	log "workload is terminal; powering off in ${REAPER_SHUTDOWN_DELAY}s unless terminated first"
-	nap "$REAPER_SHUTDOWN_DELAY"
+	if [ -n "$ship_end" ]; then
+		log "workload is terminal; powering off once the agent has shipped the exit line, at the latest in ${REAPER_SHUTDOWN_DELAY}s"
+		n=0 off=
+		until [ "$n" -ge "$REAPER_SHUTDOWN_DELAY" ]; do
+			nap 1
+			n=$((n + 1))
+			off=$(agent_offset) && [ "$off" -ge "$ship_end" ] && break
+		done
+		if [ -n "$off" ] && [ "$off" -ge "$ship_end" ]; then
+			log "exit line shipped after ${n}s (agent offset $off, line end $ship_end)"
+		else
+			log "exit line not shipped within ${REAPER_SHUTDOWN_DELAY}s (agent offset ${off:-none}, line end $ship_end)"
+		fi
+	else
+		log "workload is terminal; powering off in ${REAPER_SHUTDOWN_DELAY}s unless terminated first"
+		nap "$REAPER_SHUTDOWN_DELAY"
+	fi
 	while :; do
 		log "powering off: $shutdown_cmd"
 		# shellcheck disable=SC2086 # a command line, split on purpose
@@ -230,6 +267,7 @@ fi
 . "$conf"
 int "$REAPER_SHUTDOWN_DELAY" || REAPER_SHUTDOWN_DELAY=600
 int "$REAPER_MAX_RESTARTS" || REAPER_MAX_RESTARTS=0
+agent_state=$agent_dir/$(printf '%s' "$REAPER_EXIT_LOG" | tr '/ :' '___')
 if [ -z "$REAPER_CONTAINER" ] || [ -z "$REAPER_IMAGE" ] || [ -z "$REAPER_POD_JSON" ]; then
 	log "$conf lacks REAPER_CONTAINER, REAPER_IMAGE or REAPER_POD_JSON"
 	reap_host
@@ -318,6 +356,7 @@ REAPER_CONTAINER='app'
 REAPER_IMAGE='registry.example.com:5000/team/app@sha256:abababababababababababababababababababababababababababababababab'
 REAPER_RESTART_POLICY='OnFailure'
 REAPER_MAX_RESTARTS=5
+REAPER_SHUTDOWN_MODE='when-shipped'
 REAPER_SHUTDOWN_DELAY=90
 REAPER_EXIT_LOG='/var/log/reaper-exits/exit.jsonl'
 REAPER_CLI='docker'
