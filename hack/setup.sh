@@ -30,17 +30,25 @@ fi
 # The Debian package starts a system etcd on the default ports; the stack runs
 # its own on free ports, so that one only has to stay out of the way.
 
-# kube-apiserver, built from k8s.io/kubernetes in its own module.
+# kube-apiserver and kube-controller-manager, built from k8s.io/kubernetes in
+# one module of their own (tools/kubernetes).
+kube_ldflags="-s -w"
+for v in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  kube_ldflags="$kube_ldflags -X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=37 -X $v.gitTreeState=clean"
+done
+# build_kube NAME ESTIMATE: builds tools/kubernetes/cmd/NAME once per version.
+build_kube() {
+  local out=$bin/$1-$KUBE_VERSION
+  if [ ! -x "$out" ]; then
+    say "building $1 $KUBE_VERSION (first time: $2 on 2 cores)"
+    (cd "$root/tools/kubernetes" && go build -trimpath -ldflags "$kube_ldflags" -o "$out.tmp" "./cmd/$1")
+    mv "$out.tmp" "$out"
+  fi
+}
 kas=$bin/kube-apiserver-$KUBE_VERSION
-if [ ! -x "$kas" ]; then
-  say "building kube-apiserver $KUBE_VERSION (first time: about 6 minutes on 2 cores)"
-  ldflags="-s -w"
-  for v in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags="$ldflags -X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=37 -X $v.gitTreeState=clean"
-  done
-  (cd "$root/tools/kube-apiserver" && go build -trimpath -ldflags "$ldflags" -o "$kas.tmp" .)
-  mv "$kas.tmp" "$kas"
-fi
+kcm=$bin/kube-controller-manager-$KUBE_VERSION
+build_kube kube-apiserver "about 6 minutes"
+build_kube kube-controller-manager "about 3 more minutes"
 
 # Go tools: the Lambda runtime interface emulator and staticcheck.
 if [ ! -x "$bin/aws-lambda-rie" ]; then
@@ -70,6 +78,7 @@ fi
 
 cat <<ENV
 export REAPER_KUBE_APISERVER='$kas'
+export REAPER_KUBE_CONTROLLER_MANAGER='$kcm'
 export REAPER_ETCD='$(command -v etcd)'
 export REAPER_DYNALITE='$node_dir/node_modules/dynalite/cli.js'
 export REAPER_RIE='$bin/aws-lambda-rie'

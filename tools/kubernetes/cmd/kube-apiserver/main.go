@@ -1,7 +1,7 @@
 // Command kube-apiserver builds the upstream Kubernetes API server from the
 // k8s.io/kubernetes module so the integration tests run against the real
-// thing. It lives in its own module so k8s.io/kubernetes never enters the
-// main go.mod.
+// thing. The tools/kubernetes module keeps k8s.io/kubernetes out of the main
+// go.mod.
 package main
 
 import (
