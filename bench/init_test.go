@@ -24,6 +24,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/app"
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/kube"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
@@ -438,7 +439,7 @@ func BenchmarkAppNew(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := app.New(ctx); err != nil {
+		if _, _, err := app.New(ctx, metrics.FunctionExitRecorder); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -9,10 +9,11 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/reaper-k8s/reaper/pkg/app"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 )
 
 func main() {
-	r, _, err := app.New(context.Background())
+	r, _, err := app.New(context.Background(), metrics.FunctionStateChange)
 	if err != nil {
 		app.Fatal(err)
 	}

@@ -9,11 +9,12 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/reaper-k8s/reaper/pkg/app"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
 func main() {
-	r, cfg, err := app.New(context.Background())
+	r, cfg, err := app.New(context.Background(), metrics.FunctionSweeper)
 	if err != nil {
 		app.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"encoding/json"
 	"errors"
 	"maps"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
@@ -170,19 +172,29 @@ func TestRestartPendingThenSpot(t *testing.T) {
 	}
 }
 
-// A restart-pending instance whose Pod is deleted is an orphan.
+// A restart-pending instance whose Pod is deleted is an orphan, and the
+// sweep that finds it says so in its metrics: a leak the events missed.
 func TestRestartPendingOrphan(t *testing.T) {
+	sweeper := localstack.MustStartFunction(t, lab.Bootstraps["sweeper"], lab.Env)
 	sc := prepare(t, "restart-orphan", corev1.RestartPolicyAlways, nil)
 	id := sc.Instances["restart-orphan"]
 	invokeExit(t, sc.Payloads("exitrecorder")[0])
 	if err := lab.Stack.Kube.CoreV1().Pods("services").Delete(t.Context(), "restart-orphan", metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
 		t.Fatal(err)
 	}
-	if sum := sweepNow(t); sum.Orphans < 1 {
-		t.Fatalf("sweep: %+v", sum)
+	resp, fnErr, err := sweeper.Invoke(t.Context(), sc.Payloads("sweeper")[0])
+	var sum reaper.SweepSummary
+	if err != nil || fnErr != nil || json.Unmarshal(resp, &sum) != nil || sum.Orphans < 1 {
+		t.Fatalf("sweep: %v %v %s", err, fnErr, resp)
 	}
 	if terminateCalls(id) != 1 || instanceState(t, id) != ec2server.Terminated {
 		t.Fatal("restart-pending orphan not terminated")
+	}
+	lines := emfLines(t, sweeper.Logs())
+	for _, name := range []string{metrics.OrphansFound, metrics.OrphansTerminated} {
+		if unit, values, ok := metric(lines, metrics.FunctionSweeper, name, nil); !ok || unit != "Count" || len(values) != 1 || values[0] < 1 {
+			t.Errorf("%s: found=%v unit %q values %v, want a count of at least 1", name, ok, unit, values)
+		}
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/kubeclient"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
@@ -53,8 +54,8 @@ func Logger(level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: level}))
 }
 
-// New builds a Reaper from the environment.
-func New(ctx context.Context) (*reaper.Reaper, config.Config, error) {
+// New builds the Reaper of the named function from the environment.
+func New(ctx context.Context, function string) (*reaper.Reaper, config.Config, error) {
 	cfg, err := config.FromEnv(os.Getenv)
 	if err != nil {
 		return nil, cfg, err
@@ -71,14 +72,16 @@ func New(ctx context.Context) (*reaper.Reaper, config.Config, error) {
 	if err != nil {
 		return nil, cfg, fmt.Errorf("kubernetes client: %w", err)
 	}
+	log := Logger(cfg.LogLevel)
 	return &reaper.Reaper{
-		Ledger: ledger.New(dynamodb.NewFromConfig(awsCfg), cfg.Table),
-		Pods:   kube.NewStatusWriter(kc, cfg.DryRun),
-		Fleet:  instances.NewFleet(ec2.NewFromConfig(awsCfg), cfg.Tags, cfg.Cluster, cfg.DryRun),
-		Policy: reaper.Policy{ExitWait: cfg.ExitWait, TerminateStopped: cfg.TerminateStopped},
-		DryRun: cfg.DryRun,
-		Log:    Logger(cfg.LogLevel),
-		Now:    time.Now,
+		Ledger:  ledger.New(dynamodb.NewFromConfig(awsCfg), cfg.Table),
+		Pods:    kube.NewStatusWriter(kc, cfg.DryRun),
+		Fleet:   instances.NewFleet(ec2.NewFromConfig(awsCfg), cfg.Tags, cfg.Cluster, cfg.DryRun),
+		Policy:  reaper.Policy{ExitWait: cfg.ExitWait, TerminateStopped: cfg.TerminateStopped},
+		DryRun:  cfg.DryRun,
+		Log:     log,
+		Metrics: metrics.New(log, cfg.MetricsNamespace, function),
+		Now:     time.Now,
 	}, cfg, nil
 }
 

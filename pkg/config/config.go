@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 )
 
 // Config is every knob, with its environment variable in the comment.
@@ -39,6 +40,9 @@ type Config struct {
 	Kube KubeAccess
 	// LogLevel is debug, info, warn or error (REAPER_LOG_LEVEL, default info).
 	LogLevel slog.Level
+	// MetricsNamespace is the CloudWatch namespace of the metrics
+	// (REAPER_METRICS_NAMESPACE, default Reaper).
+	MetricsNamespace string
 }
 
 // KubeAccess is how to reach the Kubernetes API.
@@ -67,6 +71,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		OrphanGrace:      DefaultOrphanGrace,
 		TerminateStopped: true,
 		Tags:             instances.DefaultTagKeys(),
+		MetricsNamespace: metrics.DefaultNamespace,
 		Kube: KubeAccess{
 			EKSCluster:       getenv("REAPER_EKS_CLUSTER"),
 			KubeconfigSecret: getenv("REAPER_KUBECONFIG_SECRET"),
@@ -87,6 +92,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		parse(getenv, "REAPER_ORPHAN_GRACE", &c.OrphanGrace, positiveDuration),
 		parse(getenv, "REAPER_LOG_LEVEL", &c.LogLevel, logLevel),
 	)
+	if v := getenv(metrics.NamespaceEnv); v != "" {
+		c.MetricsNamespace = v
+	}
 	for _, t := range []struct {
 		name string
 		key  *string

@@ -19,7 +19,7 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Cluster != "prod" || c.Tags.Cluster != "reaper.io/cluster" || c.ExitWait != 3*time.Minute || c.OrphanGrace != 15*time.Minute || !c.TerminateStopped || c.DryRun ||
+	if c.Cluster != "prod" || c.Tags.Cluster != "reaper.io/cluster" || c.MetricsNamespace != "Reaper" || c.ExitWait != 3*time.Minute || c.OrphanGrace != 15*time.Minute || !c.TerminateStopped || c.DryRun ||
 		c.Tags.Managed != "reaper.io/managed" || c.Tags.PodUID != "reaper.io/pod-uid" || c.Kube.Kubeconfig != "/k" {
 		t.Fatalf("defaults %+v", c)
 	}
@@ -27,14 +27,14 @@ func TestDefaults(t *testing.T) {
 
 func TestOverrides(t *testing.T) {
 	c, err := FromEnv(env("REAPER_TABLE", "ledger", "REAPER_CLUSTER", "prod", "REAPER_EKS_CLUSTER", "prod", "REAPER_DRY_RUN", "true",
-		"REAPER_TAG_CLUSTER", "example.com/cluster",
+		"REAPER_TAG_CLUSTER", "example.com/cluster", "REAPER_METRICS_NAMESPACE", "Reaper/prod",
 		"REAPER_EXIT_WAIT", "90s", "REAPER_ORPHAN_GRACE", "1h", "REAPER_TERMINATE_STOPPED", "false",
 		"REAPER_TAG_MANAGED", "example.com/reap", "REAPER_LOG_LEVEL", "debug"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !c.DryRun || c.ExitWait != 90*time.Second || c.OrphanGrace != time.Hour || c.TerminateStopped ||
-		c.Tags.Managed != "example.com/reap" || c.Tags.Cluster != "example.com/cluster" || c.Kube.EKSCluster != "prod" || c.LogLevel.String() != "DEBUG" {
+		c.Tags.Managed != "example.com/reap" || c.Tags.Cluster != "example.com/cluster" || c.MetricsNamespace != "Reaper/prod" || c.Kube.EKSCluster != "prod" || c.LogLevel.String() != "DEBUG" {
 		t.Fatalf("overrides %+v", c)
 	}
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 )
 
 // Kind and Version identify exit line v1; the subscription filter selects
@@ -155,12 +157,12 @@ func isUID(s string) []string {
 // Why a log event was rejected, as counted in summaries and metrics.
 const (
 	// ReasonInvalid: not an exit line v1, or a field out of its limits.
-	ReasonInvalid = "invalid"
+	ReasonInvalid = metrics.ReasonInvalid
 	// ReasonOtherInstance: the line names another instance than the log
 	// stream it was written to.
-	ReasonOtherInstance = "other-instance"
+	ReasonOtherInstance = metrics.ReasonOtherInstance
 	// ReasonFuture: finishedAt lies further ahead than MaxClockSkew.
-	ReasonFuture = "finished-in-future"
+	ReasonFuture = metrics.ReasonFinishedInFuture
 )
 
 // Rejection is a log event that did not yield a usable exit line.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 )
 
 // ExitSummary counts what one exit batch came to.
@@ -34,13 +35,21 @@ func (s *ExitSummary) reject(reason string) {
 	s.RejectedFor[reason]++
 }
 
+// recordRejections counts the summary's rejected lines by reason.
+func (r *Reaper) recordRejections(s ExitSummary) {
+	for reason, n := range s.RejectedFor {
+		r.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, n)
+	}
+}
+
 // ReasonUndecodable counts a payload that could not be decoded or
 // attributed to an instance at all.
-const ReasonUndecodable = "undecodable"
+const ReasonUndecodable = metrics.ReasonUndecodable
 
 // HandleLogsEvent is the exitrecorder's handler: one CloudWatch Logs
 // subscription payload, the lines of one instance.
 func (r *Reaper) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEvent) (ExitSummary, error) {
+	defer r.flushMetrics(ctx)
 	batch, err := exitline.FromLogsEvent(ev, r.Now())
 	if err != nil {
 		// A payload that cannot be decoded or attributed will not decode
@@ -48,6 +57,7 @@ func (r *Reaper) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEv
 		r.Log.ErrorContext(ctx, "payload rejected", "error", err)
 		var sum ExitSummary
 		sum.reject(ReasonUndecodable)
+		r.recordRejections(sum)
 		return sum, nil
 	}
 	if batch.Control {
@@ -67,8 +77,9 @@ func (r *Reaper) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEv
 // used only for the Pod the tags name. If the lookup fails, the exit is
 // still recorded, marked unverified, and nothing acts on it: the invocation
 // fails and its retry, or a sweep, checks it again.
-func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary, error) {
-	sum := ExitSummary{InstanceID: b.InstanceID, Lines: len(b.Lines) + len(b.Rejected)}
+func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSummary, err error) {
+	sum = ExitSummary{InstanceID: b.InstanceID, Lines: len(b.Lines) + len(b.Rejected)}
+	defer func() { r.recordRejections(sum) }()
 	for _, rej := range b.Rejected {
 		sum.reject(rej.Reason)
 		r.Log.LogAttrs(ctx, slog.LevelWarn, "exit line rejected", slog.String("instance", b.InstanceID),
@@ -110,9 +121,19 @@ func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (ExitSummary
 		return sum, fmt.Errorf("record exit of %s: %w", b.InstanceID, err)
 	}
 	sum.Recorded = len(believed)
+	r.Metrics.Count(metrics.ExitsRecorded, sum.Recorded)
+	r.Metrics.Observe(metrics.FinishToRecorded, r.Now().Sub(exit.FinishedAt))
 	rep, err := r.Reconcile(ctx, rec, seen)
 	sum.PodResult, sum.Terminate = string(rep.PodResult), string(rep.TerminateResult)
 	return sum, err
+}
+
+// flushMetrics writes what the invocation recorded; a failed write is
+// logged, never the invocation's error.
+func (r *Reaper) flushMetrics(ctx context.Context) {
+	if err := r.Metrics.Flush(ctx); err != nil {
+		r.Log.WarnContext(ctx, "metrics not written", "error", err)
+	}
 }
 
 // record writes an exit to the ledger, or in a dry run returns the record

@@ -11,6 +11,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/podstatus"
 )
 
@@ -46,7 +47,10 @@ type Reaper struct {
 	// DryRun decides and logs but changes nothing, the ledger included.
 	DryRun bool
 	Log    *slog.Logger
-	Now    func() time.Time
+	// Metrics records what the handlers did (nil records nothing); each
+	// handler flushes it before it returns.
+	Metrics *metrics.Recorder
+	Now     func() time.Time
 }
 
 // Step results reported per instance.
@@ -128,6 +132,7 @@ func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, seen Seen) (R
 	if done, write := r.done(view, plan, rep, podErr, termErr); write && !r.DryRun {
 		markErr = r.Ledger.MarkDone(ctx, rec.InstanceID, done)
 	}
+	r.recordSteps(view, rep)
 	r.Log.LogAttrs(ctx, logLevel(podErr, termErr, markErr), "reconciled",
 		slog.String("instance", rec.InstanceID),
 		slog.String("pod", view.Pod.String()),
@@ -139,12 +144,50 @@ func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, seen Seen) (R
 	return rep, errors.Join(podErr, termErr, markErr)
 }
 
+// recordSteps counts what the steps achieved and, for an exit, how long
+// after the container finished.
+func (r *Reaper) recordSteps(rec ledger.Record, rep Report) {
+	o := rep.Plan.Pod
+	sinceFinish := func() (time.Duration, bool) {
+		if rec.Exit == nil || rec.Exit.FinishedAt.IsZero() {
+			return 0, false
+		}
+		return r.Now().Sub(rec.Exit.FinishedAt), true
+	}
+	if o != nil && rep.PodResult == kube.Patched {
+		r.Metrics.By(metrics.Outcome(outcomeName(*o))).Count(metrics.PodsFinalized, 1)
+		if d, ok := sinceFinish(); ok && o.Terminal() {
+			r.Metrics.Observe(metrics.FinishToPodTerminal, d)
+		}
+	}
+	if rep.TerminateResult == instances.Terminating {
+		r.Metrics.Count(metrics.InstancesTerminated, 1)
+		if d, ok := sinceFinish(); ok {
+			r.Metrics.Observe(metrics.FinishToTerminated, d)
+		}
+	}
+}
+
+// outcomeName is an outcome's value of the Outcome dimension.
+func outcomeName(o podstatus.Outcome) string {
+	switch {
+	case o.Exit == nil:
+		return metrics.OutcomeLost
+	case !o.Exit.Terminal():
+		return metrics.OutcomeRestart
+	case o.Exit.ExitCode == 0:
+		return metrics.OutcomeSucceeded
+	}
+	return metrics.OutcomeFailed
+}
+
 // reject logs a record that the instance's tags do not back and settles
 // it: no Pod write, no terminate, and no sweep comes back to it.
 func (r *Reaper) reject(ctx context.Context, rec ledger.Record, inst instances.Instance, reason string) error {
 	r.Log.LogAttrs(ctx, slog.LevelWarn, "record not believed", slog.String("instance", rec.InstanceID),
 		slog.String("reason", reason), slog.String("claimed", rec.Pod.String()), slog.String("tags", inst.Pod.String()),
 		slog.String("cluster", inst.Cluster), slog.Bool("dryRun", r.DryRun))
+	r.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, 1)
 	if rec.Pending == "" || r.DryRun {
 		return nil
 	}

@@ -26,6 +26,7 @@ type StateSummary struct {
 // HandleEC2Event is the statechange function's handler: one EventBridge
 // "EC2 Instance State-change Notification".
 func (r *Reaper) HandleEC2Event(ctx context.Context, ev events.CloudWatchEvent) (StateSummary, error) {
+	defer r.flushMetrics(ctx)
 	m, err := statechange.Parse(ev)
 	if err != nil {
 		// Retrying a malformed event cannot help: log it and count it.

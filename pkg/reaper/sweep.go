@@ -12,6 +12,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/statechange"
 )
 
@@ -54,6 +55,7 @@ const sweepWorkers = 8
 //
 // It returns an error if any step failed; the next sweep picks them up.
 func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSummary, error) {
+	defer r.flushMetrics(ctx)
 	start := r.Now()
 	var sum SweepSummary
 	var errs []error
@@ -150,8 +152,10 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		return err
 	}))
 
+	r.Metrics.Count(metrics.WorkItemsRetried, sum.Reconciled)
 	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace))
 	errs = append(errs, err)
+	r.Metrics.Count(metrics.OrphansFound, len(orphans))
 	if len(orphans) > 0 {
 		out, err := r.Fleet.Terminate(ctx, orphans, managed)
 		errs = append(errs, err)
@@ -161,6 +165,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 				sum.Orphans++
 			case instances.Terminating:
 				sum.Orphans++
+				r.Metrics.Count(metrics.OrphansTerminated, 1)
 				// Remember it, so that later sweeps and its state-change
 				// events know the instance is settled.
 				errs = append(errs, r.Ledger.MarkDone(ctx, id, ledger.Done{Terminated: true, Pod: managed[id].Pod}))

@@ -3,6 +3,7 @@ package reaper
 import (
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 )
 
 // Why a line or a record is not believed. A host writes the exit line and
@@ -13,15 +14,15 @@ import (
 const (
 	// DistrustUnknown: EC2 does not know the instance, and the record was
 	// never checked against its tags.
-	DistrustUnknown = "instance-unknown"
+	DistrustUnknown = metrics.ReasonInstanceUnknown
 	// DistrustNotManaged: the instance lacks the managed tag.
-	DistrustNotManaged = "not-managed"
+	DistrustNotManaged = metrics.ReasonNotManaged
 	// DistrustOtherCluster: the instance belongs to another cluster.
-	DistrustOtherCluster = "other-cluster"
+	DistrustOtherCluster = metrics.ReasonOtherCluster
 	// DistrustNoPodTags: the instance carries no Pod tags to compare with.
-	DistrustNoPodTags = "no-pod-tags"
+	DistrustNoPodTags = metrics.ReasonNoPodTags
 	// DistrustPodMismatch: the Pod named differs from the one the tags name.
-	DistrustPodMismatch = "pod-mismatch"
+	DistrustPodMismatch = metrics.ReasonPodMismatch
 )
 
 // distrust says why a Pod claimed for an instance is not to be believed, or

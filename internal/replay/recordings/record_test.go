@@ -310,6 +310,10 @@ func scenarios() map[string]scenario {
 		exit(payload(id, line(id, "services", "restart-orphan", 37, 1, func(l *exitline.Line) { l.WillRestart, l.BackoffSeconds = true, 10 }))),
 		sweep(20 * time.Minute),
 	}}
+	// One good line and one that is not an exit line: what the metrics of
+	// an invocation say.
+	id = instanceID(40)
+	s["metrics"] = scenario{steps: []step{exit(payload(id, line(id, "jobs", "job-metrics", 40, 0), "not an exit line"))}}
 	// Input limits: one good line among lines whose fields are out of
 	// bounds. A forged restart count must not shadow the real exit.
 	id = instanceID(38)

@@ -1,0 +1,113 @@
+package metrics
+
+// The metrics below are the contract between the code that records them
+// (pkg/reaper and the functions) and the dashboard and alarms that read
+// them (infra/reapercdk): a name changed on one side only leaves a graph
+// empty and an alarm silent. Every metric carries FunctionDim, set to the
+// recording function's name, and at most the one further dimension listed
+// in Definitions. Counts are recorded with Recorder.Count (unit Count) and
+// read as sums; latencies with Recorder.Observe (unit Milliseconds) and
+// read as percentiles.
+
+// NamespaceEnv is the environment variable naming the namespace a
+// deployment's functions record under; unset, DefaultNamespace. Each
+// deployment has its own, so that two clusters' metrics (and alarms) in one
+// account stay apart.
+const NamespaceEnv = "REAPER_METRICS_NAMESPACE"
+
+// Values of FunctionDim: the functions' names.
+const (
+	FunctionExitRecorder = "exitrecorder"
+	FunctionStateChange  = "statechange"
+	FunctionSweeper      = "sweeper"
+)
+
+// The dimensions a metric may carry besides FunctionDim (see Outcome and
+// Reason).
+const (
+	OutcomeDim = "Outcome"
+	ReasonDim  = "Reason"
+)
+
+// Counts (unit Count).
+const (
+	// ExitsRecorded: exit lines recorded in the ledger.
+	ExitsRecorded = "ExitsRecorded"
+	// LinesRejected: exit lines not acted on, by ReasonDim.
+	LinesRejected = "LinesRejected"
+	// PodsFinalized: terminal Pod statuses written, by OutcomeDim.
+	PodsFinalized = "PodsFinalized"
+	// InstancesTerminated: TerminateInstances accepted for an instance
+	// whose Pod ended.
+	InstancesTerminated = "InstancesTerminated"
+	// OrphansTerminated: TerminateInstances accepted for a managed
+	// instance without a live Pod.
+	OrphansTerminated = "OrphansTerminated"
+	// OrphansFound: managed instances without a live Pod that no event
+	// had reported: each is a leak the event path missed.
+	OrphansFound = "OrphansFound"
+	// WorkItemsRetried: pending work (a Pod write, a termination) tried
+	// again after an earlier attempt failed.
+	WorkItemsRetried = "WorkItemsRetried"
+)
+
+// Latencies (unit Milliseconds), from the container's finishedAt in the
+// exit line.
+const (
+	// FinishToRecorded: to the exit's ledger record.
+	FinishToRecorded = "FinishToRecorded"
+	// FinishToPodTerminal: to the Pod's terminal status being written.
+	FinishToPodTerminal = "FinishToPodTerminal"
+	// FinishToTerminated: to TerminateInstances being accepted.
+	FinishToTerminated = "FinishToTerminated"
+	// QueueAge: how long a work item waited in the work queue before a
+	// function took it (unit Milliseconds).
+	QueueAge = "QueueAge"
+)
+
+// Values of ReasonDim on LinesRejected.
+const (
+	ReasonInvalid          = "invalid"
+	ReasonOtherInstance    = "other-instance"
+	ReasonFinishedInFuture = "finished-in-future"
+	ReasonUndecodable      = "undecodable"
+	ReasonNotManaged       = "not-managed"
+	ReasonOtherCluster     = "other-cluster"
+	ReasonInstanceUnknown  = "instance-unknown"
+	ReasonNoPodTags        = "no-pod-tags"
+	ReasonPodMismatch      = "pod-mismatch"
+)
+
+// Values of OutcomeDim on PodsFinalized.
+const (
+	OutcomeSucceeded = "Succeeded"
+	OutcomeFailed    = "Failed"
+	OutcomeLost      = "Lost"
+	OutcomeRestart   = "Restart"
+)
+
+// Definition is one metric of the contract.
+type Definition struct {
+	Name string
+	Unit Unit
+	// Dim is the dimension the metric carries besides FunctionDim, or "".
+	Dim string
+	// Title says in a few words what the metric shows.
+	Title string
+}
+
+// Definitions are every metric of the contract, counts first, in the order
+// the dashboard shows them.
+var Definitions = []Definition{
+	{ExitsRecorded, Count, "", "Exit lines recorded"},
+	{LinesRejected, Count, ReasonDim, "Exit lines rejected, by reason"},
+	{PodsFinalized, Count, OutcomeDim, "Pods finalized, by outcome"},
+	{InstancesTerminated, Count, "", "Instances terminated after their Pod"},
+	{OrphansTerminated, Count, "", "Orphan instances terminated"},
+	{OrphansFound, Count, "", "Orphan instances found (missed by events)"},
+	{WorkItemsRetried, Count, "", "Work items retried"},
+	{FinishToRecorded, Milliseconds, "", "Container finish to ledger record"},
+	{FinishToPodTerminal, Milliseconds, "", "Container finish to Pod terminal status"},
+	{FinishToTerminated, Milliseconds, "", "Container finish to TerminateInstances accepted"},
+	{QueueAge, Milliseconds, "", "Work item age when taken from the queue"},
+}
