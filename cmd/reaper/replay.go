@@ -59,8 +59,8 @@ func runReplay(ctx context.Context, args []string) error {
 	dir = filepath.Join(root, *recordings)
 	failed := false
 	for _, run := range []func() (replay.Result, error){
-		func() (replay.Result, error) { return lab.Replicas30(ctx, dir) },
-		func() (replay.Result, error) { return lab.Spot10(ctx, dir) },
+		func() (replay.Result, error) { return lab.Replicas30(ctx, dir, os.Stderr) },
+		func() (replay.Result, error) { return lab.Spot10(ctx, dir, os.Stderr) },
 	} {
 		res, err := run()
 		if err != nil {

@@ -72,21 +72,50 @@ func count(rows []Row, f func(Row) bool) int {
 	return n
 }
 
+// Progress writes a one-line progress indicator of a demo to w (nil: none):
+// each call rewrites the line, and the last one, at done == total, ends it.
+type Progress struct {
+	w     io.Writer
+	name  string
+	total int
+}
+
+// NewProgress returns the indicator of a demo name of total steps.
+func NewProgress(w io.Writer, name string, total int) *Progress {
+	return &Progress{w: w, name: name, total: total}
+}
+
+// Step shows done steps of the total, and what is happening now.
+func (p *Progress) Step(done int, what string) {
+	if p == nil || p.w == nil {
+		return
+	}
+	fmt.Fprintf(p.w, "\r\033[K%s: %d/%d %s", p.name, done, p.total, what)
+	if done == p.total {
+		fmt.Fprintln(p.w)
+	}
+}
+
 // Replicas30 is the observed case: 30 replicas of a GPU sample whose
-// command ends. Each exit line is replayed through exitrecorder.
-func (l *Lab) Replicas30(ctx context.Context, recordings string) (Result, error) {
+// command ends. Each exit line is replayed through exitrecorder; progress
+// (may be nil) is told of each.
+func (l *Lab) Replicas30(ctx context.Context, recordings string, progress io.Writer) (Result, error) {
 	sc, err := l.Prepare(ctx, filepath.Join(recordings, "replicas30"), corev1.RestartPolicyNever, nil)
 	if err != nil {
 		return Result{}, err
 	}
 	res := Result{Name: "replicas30: 30 GPU sample Pods whose command ends"}
-	for _, p := range sc.Payloads("exitrecorder") {
+	payloads := sc.Payloads("exitrecorder")
+	bar := NewProgress(progress, "replicas30", len(payloads))
+	for i, p := range payloads {
+		bar.Step(i, "exit lines replayed")
 		start := time.Now()
 		if err := l.Invoke(ctx, "exitrecorder", p, nil); err != nil {
 			return res, err
 		}
 		res.Latencies = append(res.Latencies, time.Since(start))
 	}
+	bar.Step(len(payloads), "exit lines replayed")
 	res.Rows, err = l.rows(ctx, sc)
 	return res, err
 }
@@ -130,18 +159,22 @@ func (r Result) Print(w io.Writer) {
 // Spot10 is the second demo: spot reclaims 10 instances; for 5 of them the
 // exit line arrives after the terminated event, inside the exit-wait window,
 // and wins; the other 5 Pods are finalized as lost by the sweep once the
-// exit-wait window the state changes opened has passed.
-func (l *Lab) Spot10(ctx context.Context, recordings string) (Result, error) {
+// exit-wait window the state changes opened has passed. progress (may be
+// nil) is told of each step, and of the wait for the window.
+func (l *Lab) Spot10(ctx context.Context, recordings string, progress io.Writer) (Result, error) {
 	sc, err := l.Prepare(ctx, filepath.Join(recordings, "spot10"), corev1.RestartPolicyNever, nil)
 	if err != nil {
 		return Result{}, err
 	}
 	res := Result{Name: "spot10: spot reclaims 10 instances, 5 exit lines arrive late"}
 	var windowEnd time.Time
-	for _, st := range sc.Steps {
+	bar := NewProgress(progress, "spot10", len(sc.Steps))
+	for i, st := range sc.Steps {
 		if st.Function == "sweeper" {
+			bar.Step(i, fmt.Sprintf("waiting %s for the exit-wait window to close", time.Until(windowEnd).Round(time.Second)))
 			time.Sleep(time.Until(windowEnd) + 100*time.Millisecond)
 		}
+		bar.Step(i, st.Function)
 		var sum reaper.StateSummary
 		start := time.Now()
 		if err := l.Play(ctx, st, &sum); err != nil {
@@ -152,6 +185,7 @@ func (l *Lab) Spot10(ctx context.Context, recordings string) (Result, error) {
 			windowEnd = w
 		}
 	}
+	bar.Step(len(sc.Steps), "events replayed")
 	res.Rows, err = l.rows(ctx, sc)
 	return res, err
 }

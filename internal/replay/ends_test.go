@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -221,7 +222,8 @@ func TestThrottledEC2(t *testing.T) {
 // The second demo: spot reclaims 10 instances; 5 exit lines arrive late but
 // inside the window and win, the other 5 Pods are finalized as lost.
 func TestSpot10(t *testing.T) {
-	res, err := lab.Spot10(t.Context(), recordingsDir)
+	var progress strings.Builder
+	res, err := lab.Spot10(t.Context(), recordingsDir, &progress)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,5 +233,12 @@ func TestSpot10(t *testing.T) {
 	lost := count(res.Rows, func(r Row) bool { return r.Reason == "ContainerStatusUnknown" })
 	if lost != 5 {
 		t.Fatalf("%d lost, want 5: %+v", lost, res.Rows)
+	}
+	// The progress line is rewritten per step, says what it waits for, and
+	// ends at the total.
+	p := progress.String()
+	if !strings.Contains(p, "\r\x1b[Kspot10: 0/16 statechange") || !strings.Contains(p, "waiting") ||
+		!strings.HasSuffix(p, "spot10: 16/16 events replayed\n") {
+		t.Fatalf("progress %q", p)
 	}
 }
