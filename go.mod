@@ -18,6 +18,7 @@ require (
 	github.com/aws/constructs-go/constructs/v10 v10.8.1
 	github.com/aws/jsii-runtime-go v1.142.0
 	github.com/aws/smithy-go v1.28.9
+	github.com/cdklabs/cdk-nag-go/cdknag/v2 v2.38.2
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 	k8s.io/client-go v0.37.2

@@ -52,6 +52,10 @@ func newStack(app awscdk.App, buildDir string) (awscdk.Stack, *reapercdk.Reaper)
 		AlarmEmail:  "gpu-oncall@example.com",
 		LogLevel:    "debug",
 		MaxEventAge: 3 * time.Hour,
+		// The sweep runs every five minutes, so a termination it retries
+		// can come that late without anything being wrong.
+		MetricsNamespace:      "GpuPods/Reaper",
+		TerminateLatencyAlarm: 5 * time.Minute,
 	})
 
 	// The provider launches its instances with this role: the CloudWatch

@@ -13,17 +13,24 @@ import (
 	"github.com/reaper-k8s/reaper/infra/iamcheck"
 )
 
+var buildDir string
+
+func TestMain(m *testing.M) {
+	dir, err := cdktest.FakeBuildDir()
+	if err != nil {
+		panic(err)
+	}
+	buildDir = dir
+	code := m.Run()
+	jsii.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 // TestCustomApp builds this app's stack and finds its non-default settings
 // in the template.
 func TestCustomApp(t *testing.T) {
-	defer jsii.Close()
-	dir, err := cdktest.FakeBuildDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-
-	stack, r := newStack(cdktest.NewApp(t, nil), dir)
+	stack, r := newStack(cdktest.NewApp(t, nil), buildDir)
 	tmpl := cdktest.Template(t, stack)
 	secret := "arn:aws:secretsmanager:eu-west-1:123456789012:secret:gpu-pods/kubeconfig-AbCdEf"
 	cdktest.Must(t, func() {
@@ -47,8 +54,16 @@ func TestCustomApp(t *testing.T) {
 				"REAPER_TAG_POD_NAMESPACE": "gpu-pods.example.com/namespace",
 				"REAPER_TAG_POD_NAME":      "gpu-pods.example.com/pod",
 				"REAPER_TAG_POD_UID":       "gpu-pods.example.com/uid",
+				"REAPER_METRICS_NAMESPACE": "GpuPods/Reaper",
 			}},
 		})
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"Metrics": assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{"MetricStat": map[string]any{
+				"Metric": map[string]any{"Namespace": "GpuPods/Reaper", "MetricName": "FinishToTerminated"}, "Stat": "p99",
+			}})}),
+			"Threshold": 300000,
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Dashboard"), map[string]any{"DashboardName": "Reaper-gpu-pods"})
 		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 3 * 3600})
 		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"ScheduleExpression": "rate(5 minutes)"})
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "gpu-oncall@example.com"})
@@ -79,4 +94,11 @@ func TestCustomApp(t *testing.T) {
 	if f := iamcheck.UnguardedTerminations(m, iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: "gpu-pods"}); len(f) != 3 {
 		t.Errorf("terminate grants are not guarded by the app's own tag keys: %v", f)
 	}
+}
+
+// TestNag runs cdk-nag's AwsSolutions checks on this app's stack: the
+// construct's suppressions cover it (the app's own role raises nothing).
+func TestNag(t *testing.T) {
+	stack, _ := newStack(cdktest.NewApp(t, nil), buildDir)
+	cdktest.NagClean(t, stack, cdktest.ReaperNagSuppressions("GpuPods", "Reaper", "/gpu-pods/exits"))
 }

@@ -76,6 +76,7 @@ func newStack(app awscdk.App) (awscdk.Stack, *reapercdk.Reaper, error) {
 	output("ExitLogGroup", "Log group the hosts' CloudWatch agent writes exit lines to", r.ExitLogGroup.LogGroupName())
 	output("AgentPolicyArn", "Managed policy to attach to the provider's instance role", r.AgentPolicy.ManagedPolicyArn())
 	output("FailureQueueUrl", "Events that failed every retry", r.FailureQueue.QueueUrl())
+	output("DashboardName", "CloudWatch dashboard of the deployment's metrics and alarms", r.Dashboard.DashboardName())
 	for _, fn := range []struct {
 		id   string
 		role *string
@@ -135,6 +136,8 @@ var knobs = []knob{
 	{"sweepRate", duration(func(p *reapercdk.Props) *time.Duration { return &p.SweepRate })},
 	{"maxEventAge", duration(func(p *reapercdk.Props) *time.Duration { return &p.MaxEventAge })},
 	{"includeRunning", boolean(func(p *reapercdk.Props) *bool { return &p.IncludeRunning })},
+	{"metricsNamespace", str(func(p *reapercdk.Props) *string { return &p.MetricsNamespace })},
+	{"terminateLatencyAlarm", duration(func(p *reapercdk.Props) *time.Duration { return &p.TerminateLatencyAlarm })},
 	{"alarmEmail", str(func(p *reapercdk.Props) *string { return &p.AlarmEmail })},
 	{"alarmTopicArn", str(func(p *reapercdk.Props) *string { return &p.AlarmTopicArn })},
 	{"subnetIds", list(func(p *reapercdk.Props) *[]string { return &p.SubnetIDs })},

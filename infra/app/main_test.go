@@ -67,6 +67,8 @@ func TestContextKnobs(t *testing.T) {
 			"sweepRate":                "2m",
 			"maxEventAge":              "30m",
 			"includeRunning":           "true",
+			"metricsNamespace":         "Staging/Reaper",
+			"terminateLatencyAlarm":    "90s",
 			"alarmEmail":               "oncall@example.com",
 			"subnetIds":                "subnet-0123456789abcdef0, subnet-0fedcba9876543210",
 			"securityGroupIds":         []any{"sg-0123456789abcdef0"},
@@ -103,13 +105,20 @@ func TestContextKnobs(t *testing.T) {
 				"REAPER_TAG_POD_NAMESPACE": "example.com/ns",
 				"REAPER_TAG_POD_NAME":      "example.com/pod",
 				"REAPER_TAG_POD_UID":       "example.com/uid",
+				"REAPER_METRICS_NAMESPACE": "Staging/Reaper",
 			}},
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"Metrics": assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{"MetricStat": map[string]any{
+				"Metric": map[string]any{"Namespace": "Staging/Reaper", "MetricName": "FinishToTerminated"}, "Stat": "p99",
+			}})}),
+			"Threshold": 90000,
 		})
 		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 1800})
 		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"ScheduleExpression": "rate(2 minutes)"})
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
 		tmpl.ResourceCountIs(jsii.String("AWS::SNS::Topic"), jsii.Number(1))
-		for _, out := range []string{"LedgerTable", "ExitLogGroup", "AgentPolicyArn", "FailureQueueUrl", "ExitRecorderRoleArn", "StateChangeRoleArn", "SweeperRoleArn"} {
+		for _, out := range []string{"LedgerTable", "ExitLogGroup", "AgentPolicyArn", "FailureQueueUrl", "DashboardName", "ExitRecorderRoleArn", "StateChangeRoleArn", "SweeperRoleArn"} {
 			tmpl.HasOutput(jsii.String(out), map[string]any{})
 		}
 	})
@@ -129,19 +138,42 @@ func TestContextKnobs(t *testing.T) {
 	}
 }
 
+// TestNag runs cdk-nag's AwsSolutions checks on the default stack and on
+// the one the README's deploy command makes: no error or warning is left
+// but the suppressions the README lists.
+func TestNag(t *testing.T) {
+	for name, ctx := range map[string]map[string]any{
+		"default": {"eksCluster": "demo"},
+		"readme":  {"eksCluster": "prod", "eksAccessEntryGroup": "reaper", "alarmEmail": "ops@example.com"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var stack awscdk.Stack
+			cdktest.Must(t, func() {
+				var err error
+				if stack, _, err = newStack(appWith(t, ctx)); err != nil {
+					t.Fatal(err)
+				}
+			})
+			cluster := ctx["eksCluster"].(string)
+			cdktest.NagClean(t, stack, cdktest.ReaperNagSuppressions(*stack.StackName(), "Reaper", "/reaper/"+cluster+"/exits"))
+		})
+	}
+}
+
 func TestBadKnobs(t *testing.T) {
 	var err error
 	cdktest.Must(t, func() {
 		_, _, err = newStack(appWith(t, map[string]any{
-			"eksCluster":           "demo",
-			"exitWait":             "soon",
-			"dryRun":               "maybe",
-			"memoryMb":             "lots",
-			"exitLogRetentionDays": "10",
-			"tableRemovalPolicy":   "snapshot",
+			"eksCluster":            "demo",
+			"exitWait":              "soon",
+			"dryRun":                "maybe",
+			"memoryMb":              "lots",
+			"exitLogRetentionDays":  "10",
+			"tableRemovalPolicy":    "snapshot",
+			"terminateLatencyAlarm": "0s",
 		}))
 	})
-	for _, want := range []string{`exitWait="soon"`, `dryRun="maybe"`, `memoryMb="lots"`, `exitLogRetentionDays="10": CloudWatch Logs keeps [1 3 5 7 14 30`, `tableRemovalPolicy="snapshot"`} {
+	for _, want := range []string{`exitWait="soon"`, `dryRun="maybe"`, `memoryMb="lots"`, `exitLogRetentionDays="10": CloudWatch Logs keeps [1 3 5 7 14 30`, `tableRemovalPolicy="snapshot"`, `terminateLatencyAlarm="0s": must be positive`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v, want it to mention %s", err, want)
 		}

@@ -163,6 +163,7 @@ func Only(t testing.TB, tmpl map[string]any, typ string) (string, map[string]any
 var nameProperties = map[string]struct{ name, scope string }{
 	"AWS::CDK::Metadata":             {},
 	"AWS::CloudWatch::Alarm":         {"AlarmName", ""},
+	"AWS::CloudWatch::Dashboard":     {"DashboardName", ""},
 	"AWS::DynamoDB::Table":           {"TableName", ""},
 	"AWS::EKS::AccessEntry":          {"PrincipalArn", "ClusterName"},
 	"AWS::Events::Rule":              {"Name", "EventBusName"},

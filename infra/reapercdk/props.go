@@ -16,6 +16,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/userdata"
 )
 
@@ -97,6 +98,17 @@ type Props struct {
 	// launch latency figures (default false: only the four end states).
 	IncludeRunning bool
 
+	// MetricsNamespace is the CloudWatch namespace the functions record
+	// their metrics under (REAPER_METRICS_NAMESPACE) and the dashboard and
+	// alarms read (default DefaultMetricsNamespace of the cluster,
+	// "Reaper/<cluster>"). Deployments in one account need distinct ones:
+	// the metrics' only dimension shared by all is the function's name.
+	MetricsNamespace string
+	// TerminateLatencyAlarm is the p99 of FinishToTerminated, container
+	// finish to TerminateInstances accepted, above which an alarm fires
+	// (default 2m).
+	TerminateLatencyAlarm time.Duration
+
 	// AlarmEmail subscribes an address to the alarm topic.
 	AlarmEmail string
 	// AlarmTopicArn sends alarms to an existing SNS topic. Without it, a
@@ -116,6 +128,11 @@ const (
 	DefaultMemoryMB    = 256
 	DefaultSweepRate   = time.Minute
 	DefaultMaxEventAge = time.Hour
+	// DefaultTerminateLatencyAlarm leaves room for the CloudWatch agent's
+	// flush and the subscription's delivery, which take seconds, and for
+	// a retried termination; a p99 above it means instances bill on after
+	// their Pod ended.
+	DefaultTerminateLatencyAlarm = 2 * time.Minute
 	// RetryAttempts is how often Lambda retries a failed asynchronous event
 	// (the maximum): every step is idempotent, so a retry is always safe.
 	RetryAttempts = 2
@@ -127,6 +144,11 @@ const (
 // DefaultExitLogGroupName is the exit log group of a cluster's deployment,
 // the provider side's default too (userdata.DefaultLogGroup).
 func DefaultExitLogGroupName(cluster string) string { return userdata.DefaultLogGroup(cluster) }
+
+// DefaultMetricsNamespace is the metrics namespace of a cluster's
+// deployment: one per cluster, so that the graphs and alarms of two
+// deployments in one account do not mix.
+func DefaultMetricsNamespace(cluster string) string { return metrics.DefaultNamespace + "/" + cluster }
 
 // Cluster is the cluster the deployment serves: ClusterName, or else the
 // EKS cluster's name.
@@ -149,6 +171,7 @@ func (p Props) withDefaults() Props {
 	p.ClusterName = p.Cluster()
 	if p.ClusterName != "" {
 		def(&p.ExitLogGroupName, DefaultExitLogGroupName(p.ClusterName))
+		def(&p.MetricsNamespace, DefaultMetricsNamespace(p.ClusterName))
 	}
 	def(&p.LogLevel, "info")
 	p.LogLevel = strings.ToLower(p.LogLevel)
@@ -186,13 +209,16 @@ func (p Props) withDefaults() Props {
 	if p.MaxEventAge == 0 {
 		p.MaxEventAge = DefaultMaxEventAge
 	}
+	if p.TerminateLatencyAlarm == 0 {
+		p.TerminateLatencyAlarm = DefaultTerminateLatencyAlarm
+	}
 	return p
 }
 
 // Validate reports every invalid setting at once. New calls it and panics
 // on an error, as constructs do; apps call it first for a clean message.
 func (p Props) Validate() error {
-	derivedGroup := p.ExitLogGroupName == ""
+	derivedGroup, derivedNamespace := p.ExitLogGroupName == "", p.MetricsNamespace == ""
 	p = p.withDefaults()
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
@@ -222,6 +248,13 @@ func (p Props) Validate() error {
 			bad("ExitLogGroupName %q: CloudWatch Logs allows 1 to 512 of a-z A-Z 0-9 _ - / . #", g)
 		}
 	}
+	if ns := p.MetricsNamespace; ns != "" && !unresolved(ns) && (!namespace.MatchString(ns) || strings.HasPrefix(ns, "AWS/") || strings.TrimSpace(ns) == "") {
+		if derivedNamespace {
+			bad("the metrics namespace %q derived from the cluster is not valid in CloudWatch: set MetricsNamespace", ns)
+		} else {
+			bad("MetricsNamespace %q: CloudWatch allows 1 to 255 of a-z A-Z 0-9 . - _ / # : and space, not starting with AWS/", ns)
+		}
+	}
 	tagKeys := []string{p.Tags.Managed, p.Tags.Cluster, p.Tags.PodNamespace, p.Tags.PodName, p.Tags.PodUID}
 	slices.Sort(tagKeys)
 	if len(slices.Compact(tagKeys)) != 5 {
@@ -238,8 +271,8 @@ func (p Props) Validate() error {
 	if p.TableRemovalPolicy != awscdk.RemovalPolicy_RETAIN && p.TableRemovalPolicy != awscdk.RemovalPolicy_DESTROY {
 		bad("TableRemovalPolicy %q: use RETAIN or DESTROY", p.TableRemovalPolicy)
 	}
-	if p.ExitWait < 0 || p.OrphanGrace < 0 {
-		bad("ExitWait and OrphanGrace must be positive")
+	if p.ExitWait < 0 || p.OrphanGrace < 0 || p.TerminateLatencyAlarm < 0 {
+		bad("ExitWait, OrphanGrace and TerminateLatencyAlarm must be positive")
 	}
 	switch p.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -289,10 +322,13 @@ func checkBootstrap(path string) error {
 }
 
 // tagValue is what AWS accepts in a tag value; logGroupName what
-// CloudWatch Logs accepts in a log group name.
+// CloudWatch Logs accepts in a log group name; namespace what CloudWatch
+// accepts in a metrics namespace (which also keeps it free of the quotes
+// that delimit it in the dashboard's search expressions).
 var (
 	tagValue     = regexp.MustCompile(`^[\p{L}\p{Z}\p{N}_.:/=+\-@]{1,256}$`)
 	logGroupName = regexp.MustCompile(`^[A-Za-z0-9_\-/.#]{1,512}$`)
+	namespace    = regexp.MustCompile(`^[A-Za-z0-9._/#: \-]{1,255}$`)
 )
 
 // unresolved reports whether s is a CDK token (e.g. another construct's

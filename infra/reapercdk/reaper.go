@@ -1,7 +1,7 @@
 // Package reapercdk is the Reaper CDK construct: the ledger table, the three
 // Lambda functions and their triggers, the exit-line log group, a failure
-// queue and alarms, with least-privilege IAM. Any Go CDK app can add it to a
-// stack:
+// queue, a dashboard and alarms, with least-privilege IAM. Any Go CDK app
+// can add it to a stack:
 //
 //	reapercdk.New(stack, "Reaper", &reapercdk.Props{EKSCluster: "prod"})
 package reapercdk
@@ -33,6 +33,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 )
 
 // ExitFilterPattern selects exit lines in the exit-line log group.
@@ -45,7 +46,8 @@ const StateChangeDetailType = "EC2 Instance State-change Notification"
 // Pod: the states statechange always receives.
 var EndStates = []string{instances.Stopping, instances.Stopped, instances.ShuttingDown, instances.Terminated}
 
-// function describes one of the three Lambdas.
+// function describes one of the three Lambdas. Its name is also the value
+// of the Function dimension of the metrics it records.
 type function struct {
 	name, id, description string
 	timeout               time.Duration
@@ -54,9 +56,9 @@ type function struct {
 }
 
 var functions = []function{
-	{"exitrecorder", "ExitRecorder", "Reaper: records container exits, updates Pod status, terminates the instance", time.Minute, false},
-	{"statechange", "StateChange", "Reaper: reacts to managed instances stopping or terminating", time.Minute, false},
-	{"sweeper", "Sweeper", "Reaper: reconciles ledger, managed instances and Pods on a schedule", 5 * time.Minute, true},
+	{metrics.FunctionExitRecorder, "ExitRecorder", "Reaper: records container exits, updates Pod status, terminates the instance", time.Minute, false},
+	{metrics.FunctionStateChange, "StateChange", "Reaper: reacts to managed instances stopping or terminating", time.Minute, false},
+	{metrics.FunctionSweeper, "Sweeper", "Reaper: reconciles ledger, managed instances and Pods on a schedule", 5 * time.Minute, true},
 }
 
 // FunctionNames are the functions' names: build/<name>/bootstrap.
@@ -75,6 +77,11 @@ var (
 	// instances it checks; it never scans the table.
 	sweepTableActions = []string{"dynamodb:BatchGetItem"}
 	sweepIndexActions = []string{"dynamodb:Query"}
+	// vpcActions let Lambda attach a function in a VPC to its subnets.
+	vpcActions = []string{
+		"ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets",
+		"ec2:DeleteNetworkInterface", "ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses",
+	}
 )
 
 // Reaper is the deployed Reaper. Add further constructs under it with
@@ -95,9 +102,13 @@ type Reaper struct {
 	FailureQueue awssqs.Queue
 	// AlarmTopic receives the alarms; nil when no notification was asked for.
 	AlarmTopic awssns.ITopic
-	// Alarms are the functions' error and throttle alarms and the failure
-	// queue's alarm.
+	// Alarms are the functions' error and throttle alarms, the failure
+	// queue's alarm and the alarms on Reaper's own metrics (rejected lines,
+	// termination latency, orphans).
 	Alarms []awscloudwatch.Alarm
+	// Dashboard shows Reaper's metrics, the functions' and the failure
+	// queue's, and the alarms.
+	Dashboard awscloudwatch.Dashboard
 	// Props are the settings in effect, defaults filled in.
 	Props Props
 }
@@ -184,6 +195,9 @@ func New(scope constructs.Construct, id string, props *Props) *Reaper {
 	})
 
 	r.alarms()
+	r.metricAlarms()
+	r.dashboard()
+	r.suppressNagFindings()
 	return r
 }
 
@@ -219,6 +233,7 @@ func (r *Reaper) environment() map[string]*string {
 		"REAPER_TERMINATE_STOPPED": jsii.String(strconv.FormatBool(*p.TerminateStopped)),
 		"REAPER_DRY_RUN":           jsii.String(strconv.FormatBool(p.DryRun)),
 		"REAPER_LOG_LEVEL":         jsii.String(p.LogLevel),
+		metrics.NamespaceEnv:       jsii.String(p.MetricsNamespace),
 		// The Go heap stays under 8 MB; fewer collections while client-go
 		// registers its API types cut cold-start init by about a quarter
 		// (bench/REPORT.md).
@@ -260,11 +275,6 @@ func (r *Reaper) function(stack awscdk.Stack, spec function, env map[string]*str
 	})
 	for _, s := range r.statements(stack, spec, logs) {
 		role.AddToPrincipalPolicy(s)
-	}
-	if len(p.SubnetIDs) > 0 {
-		// The network interface permissions must exist before the function
-		// is created; attached to the role they do.
-		role.AddManagedPolicy(awsiam.ManagedPolicy_FromAwsManagedPolicyName(jsii.String("service-role/AWSLambdaVPCAccessExecutionRole")))
 	}
 	if p.EKSAccessEntryGroup != "" {
 		awseks.NewCfnAccessEntry(r.Construct, jsii.String(spec.id+"AccessEntry"), &awseks.CfnAccessEntryProps{
@@ -347,6 +357,14 @@ func (r *Reaper) statements(stack awscdk.Stack, spec function, logs awslogs.LogG
 			st("SweepLedger", sweepTableActions, r.Table.TableArn()),
 			st("SweepPending", sweepIndexActions, jsii.String(*r.Table.TableArn()+"/index/"+ledger.PendingIndex)))
 	}
+	if len(p.SubnetIDs) > 0 {
+		// What AWSLambdaVPCAccessExecutionRole grants but its logs:* on
+		// every log group. Lambda checks these when it creates the
+		// function, which depends on the role's policy, so they exist by
+		// then. CreateNetworkInterface and DescribeNetworkInterfaces work
+		// only on "*"; the network interfaces' ids are not known before.
+		out = append(out, st("NetworkInterfaces", vpcActions, jsii.String("*")))
+	}
 	if p.EKSCluster != "" {
 		out = append(out, st("DescribeCluster", []string{"eks:DescribeCluster"}, stack.FormatArn(&awscdk.ArnComponents{
 			Service: jsii.String("eks"), Resource: jsii.String("cluster"), ResourceName: jsii.String(p.EKSCluster),
@@ -369,7 +387,8 @@ func (r *Reaper) target(fn awslambda.Function) awsevents.IRuleTarget {
 }
 
 // alarms: any function error or throttle, and any event in the failure
-// queue, is worth a look; missing data (no invocations) is fine.
+// queue, is worth a look; missing data (no invocations) is fine. The
+// alarms on Reaper's own metrics are metricAlarms'.
 func (r *Reaper) alarms() {
 	p := r.Props
 	switch {
@@ -385,31 +404,38 @@ func (r *Reaper) alarms() {
 		r.AlarmTopic.AddSubscription(awssnssubscriptions.NewEmailSubscription(jsii.String(p.AlarmEmail), nil))
 	}
 
-	period := &awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(5)), Statistic: jsii.String("Sum")}
-	alarm := func(id, description string, metric awscloudwatch.Metric) {
-		a := metric.CreateAlarm(r.Construct, jsii.String(id), &awscloudwatch.CreateAlarmOptions{
-			AlarmDescription:   jsii.String(description),
-			Threshold:          jsii.Number(0),
-			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
-			EvaluationPeriods:  jsii.Number(1),
-			TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
-		})
-		if r.AlarmTopic != nil {
-			action := awscloudwatchactions.NewSnsAction(r.AlarmTopic)
-			a.AddAlarmAction(action)
-			a.AddOkAction(action)
-		}
-		r.Alarms = append(r.Alarms, a)
-	}
+	sum := &awscloudwatch.MetricOptions{Period: seconds(alarmPeriod), Statistic: jsii.String("Sum")}
 	for i, fn := range r.Functions() {
 		spec := functions[i]
-		alarm(spec.id+"Errors", "Reaper "+spec.name+" failed an invocation (it will be retried; see its logs)", fn.MetricErrors(period))
-		alarm(spec.id+"Throttles", "Reaper "+spec.name+" was throttled (raise ReservedConcurrency or the account limit)", fn.MetricThrottles(period))
+		r.alarm(spec.id+"Errors", "Reaper "+spec.name+" failed an invocation (it will be retried; see its logs)", fn.MetricErrors(sum), 0)
+		r.alarm(spec.id+"Throttles", "Reaper "+spec.name+" was throttled (raise ReservedConcurrency or the account limit)", fn.MetricThrottles(sum), 0)
 	}
-	alarm("FailuresVisible", "Reaper events failed every retry and wait in the failure queue: inspect and replay them",
+	r.alarm("FailuresVisible", "Reaper events failed every retry and wait in the failure queue: inspect and replay them",
 		r.FailureQueue.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
-			Period: awscdk.Duration_Minutes(jsii.Number(5)), Statistic: jsii.String("Maximum"),
-		}))
+			Period: seconds(alarmPeriod), Statistic: jsii.String("Maximum"),
+		}), 0)
+}
+
+// alarmPeriod is the period every alarm evaluates, once.
+const alarmPeriod = 5 * time.Minute
+
+// alarm fires when one period of metric is above threshold, and notifies
+// the alarm topic, if any, of that and of its return to OK.
+func (r *Reaper) alarm(id, description string, metric awscloudwatch.IMetric, threshold float64) {
+	a := awscloudwatch.NewAlarm(r.Construct, jsii.String(id), &awscloudwatch.AlarmProps{
+		Metric:             metric,
+		AlarmDescription:   jsii.String(description),
+		Threshold:          jsii.Number(threshold),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	if r.AlarmTopic != nil {
+		action := awscloudwatchactions.NewSnsAction(r.AlarmTopic)
+		a.AddAlarmAction(action)
+		a.AddOkAction(action)
+	}
+	r.Alarms = append(r.Alarms, a)
 }
 
 func applicationLogLevel(level string) awslambda.ApplicationLogLevel {

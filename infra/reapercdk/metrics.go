@@ -1,0 +1,217 @@
+package reapercdk
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/interfaces/interfacesawscloudwatch"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/reaper-k8s/reaper/pkg/metrics"
+)
+
+// The dashboard and the alarms on the metrics the functions record in
+// Embedded Metric Format. Their names, units and dimensions are the
+// contract in pkg/metrics (names.go), which pkg/reaper records with.
+
+// graphPeriod is the period of every dashboard graph.
+const graphPeriod = 5 * time.Minute
+
+// DefaultDashboardName is the dashboard of a cluster's deployment,
+// "Reaper-<cluster>" with characters CloudWatch does not allow in a
+// dashboard name (other than letters, digits, - and _) replaced by "-".
+func DefaultDashboardName(cluster string) string {
+	name := metrics.DefaultNamespace + "-" + strings.Map(func(r rune) rune {
+		if r < utf8.RuneSelf && (unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_') {
+			return r
+		}
+		return '-'
+	}, cluster)
+	return name[:min(len(name), 255)]
+}
+
+// metric is a metric of the contract recorded by one function.
+func (r *Reaper) metric(name, function, statistic string) awscloudwatch.Metric {
+	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+		Namespace:     jsii.String(r.Props.MetricsNamespace),
+		MetricName:    jsii.String(name),
+		DimensionsMap: &map[string]*string{metrics.FunctionDim: jsii.String(function)},
+		Statistic:     jsii.String(statistic),
+		Period:        seconds(alarmPeriod),
+		Label:         jsii.String(function),
+	})
+}
+
+// metricAlarms watch what the functions' own errors cannot show: lines
+// that were not believed, instances that bill on after their Pod ended,
+// and instances the events never reported.
+func (r *Reaper) metricAlarms() {
+	p := r.Props
+	// Any reason, from any function: a Metrics Insights query sums every
+	// Function and Reason pair, which a metric math alarm (ten metrics at
+	// most) could not list.
+	r.alarm("LinesRejected", "Reaper did not act on exit lines or records (any reason): see the dashboard's reasons and the functions' \"rejected\" and \"not believed\" log lines",
+		awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+			Expression: jsii.String(fmt.Sprintf(`SELECT SUM(%s) FROM SCHEMA("%s", %s, %s)`,
+				metrics.LinesRejected, p.MetricsNamespace, metrics.FunctionDim, metrics.ReasonDim)),
+			Label:  jsii.String(metrics.LinesRejected),
+			Period: seconds(alarmPeriod),
+		}), 0)
+
+	// The worst function's p99: percentiles of different functions do not
+	// add up, and any of them may terminate after an exit.
+	worst := map[string]awscloudwatch.IMetric{}
+	for _, fn := range functions {
+		worst[fn.name] = r.metric(metrics.FinishToTerminated, fn.name, "p99")
+	}
+	r.alarm("TerminateLatency", fmt.Sprintf("Reaper took over %s (p99) from a container's exit to terminating its instance: instances bill on after their Pod ended", p.TerminateLatencyAlarm),
+		awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+			Expression:   jsii.String("MAX(METRICS())"),
+			UsingMetrics: &worst,
+			Label:        jsii.String(metrics.FinishToTerminated + " p99, worst function"),
+			Period:       seconds(alarmPeriod),
+		}), float64(p.TerminateLatencyAlarm.Milliseconds()))
+
+	r.alarm("OrphansFound", "Reaper's sweep found managed instances without a live Pod that no event reported: a leak the event path missed",
+		r.metric(metrics.OrphansFound, metrics.FunctionSweeper, "Sum"), 0)
+}
+
+// dashboard lays out the alarms, then rows of three graphs: the counts of
+// the contract, its latencies, the functions' Lambda metrics and the
+// failure queue.
+func (r *Reaper) dashboard() {
+	p := r.Props
+	alarms := make([]interfacesawscloudwatch.IAlarmRef, len(r.Alarms))
+	for i, a := range r.Alarms {
+		alarms[i] = a
+	}
+	rows := [][]awscloudwatch.IWidget{{awscloudwatch.NewAlarmStatusWidget(&awscloudwatch.AlarmStatusWidgetProps{
+		Title: jsii.String("Alarms"), Alarms: &alarms, Width: jsii.Number(24),
+	})}}
+	var counts, latencies []awscloudwatch.IWidget
+	for _, d := range metrics.Definitions {
+		switch {
+		case d.Name == metrics.QueueAge:
+			// Recorded from a work queue, which the stack does not have
+			// yet: that queue's graph will show it (see queueGraph).
+		case d.Unit == metrics.Count:
+			counts = append(counts, r.contractGraph(d))
+		default:
+			latencies = append(latencies, r.contractGraph(d))
+		}
+	}
+	for _, group := range [][]awscloudwatch.IWidget{
+		counts,
+		latencies,
+		r.lambdaGraphs(),
+		{queueGraph("Failure queue: events that failed every retry", r.FailureQueue)},
+	} {
+		for len(group) > 0 {
+			n := min(3, len(group))
+			rows = append(rows, group[:n])
+			group = group[n:]
+		}
+	}
+
+	var name *string
+	if !unresolved(p.ClusterName) {
+		name = jsii.String(DefaultDashboardName(p.ClusterName))
+	}
+	r.Dashboard = awscloudwatch.NewDashboard(r.Construct, jsii.String("Dashboard"), &awscloudwatch.DashboardProps{
+		DashboardName:   name,
+		DefaultInterval: awscdk.Duration_Hours(jsii.Number(3)),
+		Widgets:         widgetRows(rows),
+	})
+}
+
+// contractGraph graphs one metric of the contract for every function that
+// records it (and every value of its dimension): counts as sums, latencies
+// as p50 and p99. Search expressions find the series, so the graph needs
+// no list of who records what.
+func (r *Reaper) contractGraph(d metrics.Definition) awscloudwatch.IWidget {
+	keys := []string{metrics.FunctionDim}
+	label := "${PROP('Dim." + metrics.FunctionDim + "')}"
+	if d.Dim != "" {
+		keys = append(keys, d.Dim)
+		label += " ${PROP('Dim." + d.Dim + "')}"
+	}
+	search := func(statistic, prefix string) awscloudwatch.IMetric {
+		return awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+			Expression: jsii.String(fmt.Sprintf(`SEARCH('{"%s",%s} MetricName="%s"', '%s', %d)`,
+				r.Props.MetricsNamespace, strings.Join(keys, ","), d.Name, statistic, int(graphPeriod.Seconds()))),
+			Label:  jsii.String(prefix + label),
+			Period: seconds(graphPeriod),
+		})
+	}
+	props := &awscloudwatch.GraphWidgetProps{
+		Title:     jsii.String(d.Name + ": " + d.Title),
+		Width:     jsii.Number(8),
+		LeftYAxis: &awscloudwatch.YAxisProps{Min: jsii.Number(0), ShowUnits: jsii.Bool(false), Label: jsii.String(string(d.Unit))},
+	}
+	if d.Unit == metrics.Count {
+		props.Left = &[]awscloudwatch.IMetric{search("Sum", "")}
+		return awscloudwatch.NewGraphWidget(props)
+	}
+	// Milliseconds, the other unit of the contract.
+	props.Left = &[]awscloudwatch.IMetric{search("p50", "p50 "), search("p99", "p99 ")}
+	if d.Name == metrics.FinishToTerminated {
+		props.LeftAnnotations = &[]*awscloudwatch.HorizontalAnnotation{{
+			Value: jsii.Number(float64(r.Props.TerminateLatencyAlarm.Milliseconds())), Label: jsii.String("alarm (p99)"),
+		}}
+	}
+	return awscloudwatch.NewGraphWidget(props)
+}
+
+// lambdaGraphs are the functions' errors, throttles and duration.
+func (r *Reaper) lambdaGraphs() []awscloudwatch.IWidget {
+	opts := func(statistic, label string) *awscloudwatch.MetricOptions {
+		return &awscloudwatch.MetricOptions{Statistic: jsii.String(statistic), Period: seconds(graphPeriod), Label: jsii.String(label)}
+	}
+	var errs, throttles, duration []awscloudwatch.IMetric
+	for i, fn := range r.Functions() {
+		name := functions[i].name
+		errs = append(errs, fn.MetricErrors(opts("Sum", name)))
+		throttles = append(throttles, fn.MetricThrottles(opts("Sum", name)))
+		duration = append(duration, fn.MetricDuration(opts("p50", "p50 "+name)), fn.MetricDuration(opts("p99", "p99 "+name)))
+	}
+	graph := func(title string, m []awscloudwatch.IMetric) awscloudwatch.IWidget {
+		return awscloudwatch.NewGraphWidget(&awscloudwatch.GraphWidgetProps{
+			Title: jsii.String(title), Left: &m, Width: jsii.Number(8), LeftYAxis: &awscloudwatch.YAxisProps{Min: jsii.Number(0)},
+		})
+	}
+	return []awscloudwatch.IWidget{
+		graph("Lambda errors", errs),
+		graph("Lambda throttles", throttles),
+		graph("Lambda duration", duration),
+	}
+}
+
+// queueGraph shows a queue's depth and the age of its oldest message. A
+// work queue's graph will add its consumers' QueueAge.
+func queueGraph(title string, q awssqs.IQueue) awscloudwatch.IWidget {
+	opts := func(label string) *awscloudwatch.MetricOptions {
+		return &awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: seconds(graphPeriod), Label: jsii.String(label)}
+	}
+	return awscloudwatch.NewGraphWidget(&awscloudwatch.GraphWidgetProps{
+		Title:      jsii.String(title),
+		Width:      jsii.Number(8),
+		Left:       &[]awscloudwatch.IMetric{q.MetricApproximateNumberOfMessagesVisible(opts("messages visible"))},
+		Right:      &[]awscloudwatch.IMetric{q.MetricApproximateAgeOfOldestMessage(opts("oldest message age"))},
+		LeftYAxis:  &awscloudwatch.YAxisProps{Min: jsii.Number(0)},
+		RightYAxis: &awscloudwatch.YAxisProps{Min: jsii.Number(0)},
+	})
+}
+
+func widgetRows(rows [][]awscloudwatch.IWidget) *[]*[]awscloudwatch.IWidget {
+	out := make([]*[]awscloudwatch.IWidget, len(rows))
+	for i := range rows {
+		out[i] = &rows[i]
+	}
+	return &out
+}
