@@ -265,6 +265,17 @@ func (h *propHarness) play(t *testing.T, e propEvent, id string, pod *corev1.Pod
 // Pod on instance id, finished at finished and received at now.
 func exitBatch(t *testing.T, l exitline.Line, id string, pod *corev1.Pod, finished, now time.Time) exitline.Batch {
 	t.Helper()
+	b, err := exitline.FromLogsEvent(exitPayload(t, l, id, pod, finished), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// exitPayload is the subscription payload CloudWatch Logs delivers for one
+// exit line of the Pod on instance id, finished at finished.
+func exitPayload(t *testing.T, l exitline.Line, id string, pod *corev1.Pod, finished time.Time) events.CloudwatchLogsEvent {
+	t.Helper()
 	l.Reaper, l.V, l.InstanceID = exitline.Kind, exitline.Version, id
 	l.PodNamespace, l.PodName, l.PodUID, l.Container = pod.Namespace, pod.Name, string(pod.UID), "main"
 	l.StartedAt, l.FinishedAt = finished.Add(-time.Hour), finished
@@ -274,11 +285,7 @@ func exitBatch(t *testing.T, l exitline.Line, id string, pod *corev1.Pod, finish
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := exitline.FromLogsEvent(ev, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return ev
 }
 
 // endState renders what must not depend on the order: the Pod's phase,

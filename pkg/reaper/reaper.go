@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/reaper-k8s/reaper/pkg/instances"
@@ -76,72 +75,113 @@ type Seen struct {
 	Pod *kube.Snapshot
 }
 
-// Reconcile decides and carries out the plan for one record. What the
-// record says is first checked against the instance's launch tags
-// (believe); a record they do not back is settled untouched. The Pod step
-// and the terminate step run concurrently and independently: a Kubernetes
-// outage must not keep an instance billing, and a failed terminate must not
-// hide the exit. Both done steps are then marked in one ledger write.
+// Reconcile decides and carries out the plan for one record (see
+// ReconcileMany). seen.Instances, when set, is an answer: an instance
+// absent from it is one EC2 does not know; when nil, the instance is
+// described first.
 func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, seen Seen) (Report, error) {
-	rep := Report{InstanceID: rec.InstanceID}
-	// seen.Instances, when set, is an answer: an instance absent from it
-	// is one EC2 does not know.
 	known := seen.Instances
 	if known == nil {
 		var err error
 		if known, err = r.Fleet.Describe(ctx, []string{rec.InstanceID}); err != nil {
 			// Fail closed: nothing acts on what EC2 has not confirmed.
-			return rep, fmt.Errorf("check %s against its tags: %w", rec.InstanceID, err)
+			return Report{InstanceID: rec.InstanceID}, fmt.Errorf("check %s against its tags: %w", rec.InstanceID, err)
 		}
 	}
-	inst, described := known[rec.InstanceID]
-	view, reason, ok := believe(rec, inst, described)
-	rep.Distrust = reason
-	if !ok {
-		rep.Rejected = true
-		return rep, r.reject(ctx, rec, inst, reason)
-	}
-	if reason != "" {
-		r.Log.LogAttrs(ctx, slog.LevelWarn, "exit not believed", slog.String("instance", rec.InstanceID),
-			slog.String("reason", reason), slog.String("claimed", rec.Pod.String()), slog.String("tags", inst.Pod.String()))
-	}
+	reps, errs := r.ReconcileMany(ctx, []ledger.Record{rec}, known, seen.Pod)
+	return reps[0], errs[0]
+}
 
-	plan := Decide(view, r.Now(), r.Policy)
-	rep.Plan = plan
-	var (
-		wg              sync.WaitGroup
+// ReconcileMany decides and carries out the plans of records whose
+// instances known describes (absent: EC2 does not know it). What a record
+// says is first checked against the instance's launch tags (believe); a
+// record they do not back is settled untouched. Then every Pod step, then
+// one terminate for all the instances to end (at most 1,000 ids a call),
+// each step whatever became of the other, then the done steps of each
+// record in one ledger write. pod, when set, is a read of one record's Pod.
+// Reports and errors are per record, in the order of recs.
+//
+// The Pod writes land before the terminate is sent: a provider that
+// derives the Pod's status from the instance's state would otherwise see
+// the instance go first and write its own "instance gone" status, which the
+// terminal guard then keeps. A failed write does not hold the terminate
+// back: an apiserver outage must not keep a GPU billing, and a failed
+// terminate must not hide the exit.
+func (r *Reaper) ReconcileMany(ctx context.Context, recs []ledger.Record, known map[string]instances.Instance, pod *kube.Snapshot) ([]Report, []error) {
+	type work struct {
+		view            ledger.Record
 		podErr, termErr error
-	)
-	if plan.Pod != nil {
-		if view.Pod.UID == "" {
-			podErr = fmt.Errorf("instance %s: no Pod known for it (no exit line and no pod tags)", rec.InstanceID)
-		} else {
-			wg.Go(func() { rep.PodResult, podErr = r.Pods.Apply(ctx, view.Pod, *plan.Pod, seen.Pod) })
+	}
+	reps, errs, works := make([]Report, len(recs)), make([]error, len(recs)), make([]work, len(recs))
+	var live []int // records that are believed
+	for i, rec := range recs {
+		reps[i].InstanceID = rec.InstanceID
+		inst, described := known[rec.InstanceID]
+		view, reason, ok := believe(rec, inst, described)
+		reps[i].Distrust = reason
+		if !ok {
+			reps[i].Rejected = true
+			errs[i] = r.reject(ctx, rec, inst, reason)
+			continue
+		}
+		if reason != "" {
+			r.Log.LogAttrs(ctx, slog.LevelWarn, "exit not believed", slog.String("instance", rec.InstanceID),
+				slog.String("reason", reason), slog.String("claimed", rec.Pod.String()), slog.String("tags", inst.Pod.String()))
+		}
+		works[i].view = view
+		reps[i].Plan = Decide(view, r.Now(), r.Policy)
+		live = append(live, i)
+	}
+
+	_ = forEach(ctx, live, func(i int) error {
+		plan, view := reps[i].Plan, works[i].view
+		switch {
+		case plan.Pod == nil:
+		case view.Pod.UID == "":
+			works[i].podErr = fmt.Errorf("instance %s: no Pod known for it (no exit line and no pod tags)", view.InstanceID)
+		default:
+			reps[i].PodResult, works[i].podErr = r.Pods.Apply(ctx, view.Pod, *plan.Pod, pod)
+		}
+		return nil
+	})
+
+	var ending []string
+	for _, i := range live {
+		if reps[i].Plan.Terminate {
+			ending = append(ending, recs[i].InstanceID)
 		}
 	}
-	if plan.Terminate {
-		wg.Go(func() {
-			var out map[string]instances.Outcome
-			out, termErr = r.Fleet.Terminate(ctx, []string{rec.InstanceID}, known)
-			rep.TerminateResult = out[rec.InstanceID]
-		})
+	if len(ending) > 0 {
+		out, err := r.Fleet.Terminate(ctx, ending, known)
+		for _, i := range live {
+			if reps[i].Plan.Terminate {
+				reps[i].TerminateResult = out[recs[i].InstanceID]
+				if reps[i].TerminateResult == "" {
+					works[i].termErr = err
+				}
+			}
+		}
 	}
-	wg.Wait()
 
-	var markErr error
-	if done, write := r.done(view, plan, rep, podErr, termErr); write && !r.DryRun {
-		markErr = r.Ledger.MarkDone(ctx, rec.InstanceID, done)
-	}
-	r.recordSteps(view, rep)
-	r.Log.LogAttrs(ctx, logLevel(podErr, termErr, markErr), "reconciled",
-		slog.String("instance", rec.InstanceID),
-		slog.String("pod", view.Pod.String()),
-		slog.String("outcome", outcomeKey(plan.Pod)),
-		slog.String("podResult", string(rep.PodResult)),
-		slog.String("terminateResult", string(rep.TerminateResult)),
-		slog.Bool("dryRun", r.DryRun),
-	)
-	return rep, errors.Join(podErr, termErr, markErr)
+	_ = forEach(ctx, live, func(i int) error {
+		rep, w := reps[i], works[i]
+		var markErr error
+		if done, write := r.done(w.view, rep.Plan, rep, w.podErr, w.termErr); write && !r.DryRun {
+			markErr = r.Ledger.MarkDone(ctx, rep.InstanceID, done)
+		}
+		r.recordSteps(w.view, rep)
+		r.Log.LogAttrs(ctx, logLevel(w.podErr, w.termErr, markErr), "reconciled",
+			slog.String("instance", rep.InstanceID),
+			slog.String("pod", w.view.Pod.String()),
+			slog.String("outcome", outcomeKey(rep.Plan.Pod)),
+			slog.String("podResult", string(rep.PodResult)),
+			slog.String("terminateResult", string(rep.TerminateResult)),
+			slog.Bool("dryRun", r.DryRun),
+		)
+		errs[i] = errors.Join(w.podErr, w.termErr, markErr)
+		return nil
+	})
+	return reps, errs
 }
 
 // recordSteps counts what the steps achieved and, for an exit, how long

@@ -130,14 +130,12 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	if err != nil {
 		return sum, err
 	}
-	var mu sync.Mutex
-	errs = append(errs, forEach(ctx, work, func(rec ledger.Record) error {
-		rep, err := r.Reconcile(ctx, rec, Seen{Instances: known})
-		mu.Lock()
-		defer mu.Unlock()
+	reps, repErrs := r.ReconcileMany(ctx, work, known, nil)
+	for i, rep := range reps {
+		errs = append(errs, repErrs[i])
 		if rep.Rejected {
 			sum.Rejected++
-			return err
+			continue
 		}
 		sum.Reconciled++
 		if rep.PodResult == kube.Patched {
@@ -149,9 +147,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		if rep.TerminateResult == instances.Terminating {
 			sum.Terminated++
 		}
-		return err
-	}))
-
+	}
 	r.Metrics.Count(metrics.WorkItemsRetried, sum.Reconciled)
 	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace))
 	errs = append(errs, err)
