@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/xml"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -86,9 +87,46 @@ func (s *Server) dispatch(action string, form url.Values, ids []string, now time
 		return s.changeState(form, ids, now, terminate, "TerminateInstancesResponse", reqID)
 	case "StopInstances":
 		return s.changeState(form, ids, now, stop, "StopInstancesResponse", reqID)
+	case "RunInstances":
+		return s.runInstances(form, now, reqID)
 	default:
 		return nil, errorf("InvalidAction", "The action %s is not valid for this web service.", action)
 	}
+}
+
+// runInstances launches MinCount instances, running at once, with the tags
+// of the TagSpecification.N whose ResourceType is instance: enough for a
+// provider that launches one instance per Pod. Other launch parameters are
+// accepted and recorded in the call, not modeled.
+func (s *Server) runInstances(form url.Values, now time.Time, reqID string) (any, *apiError) {
+	n, err := strconv.Atoi(form.Get("MinCount"))
+	if err != nil || n < 1 || n > maxIDs {
+		return nil, errorf("InvalidParameterValue", "Value (%s) for parameter minCount is invalid.", form.Get("MinCount"))
+	}
+	tags := map[string]string{}
+	for _, i := range indexes(form, "TagSpecification", ".ResourceType") {
+		prefix := "TagSpecification." + strconv.Itoa(i)
+		if form.Get(prefix+".ResourceType") != "instance" {
+			continue
+		}
+		for _, j := range indexes(form, prefix+".Tag", ".Key") {
+			tag := prefix + ".Tag." + strconv.Itoa(j)
+			tags[form.Get(tag+".Key")] = form.Get(tag + ".Value")
+		}
+	}
+	if form.Get("DryRun") == "true" {
+		return nil, errorf("DryRunOperation", "Request would have succeeded, but DryRun flag is set.")
+	}
+	s.seq++
+	out := runResponse{Xmlns: xmlns, RequestID: reqID, ReservationID: fmt.Sprintf("r-%017x", s.seq), OwnerID: ownerID}
+	for range n {
+		inst := Instance{ID: NewInstanceID(), State: Running, Tags: maps.Clone(tags),
+			LaunchTime: now.UTC().Truncate(time.Millisecond), InstanceType: form.Get("InstanceType")}
+		s.seq++
+		s.instances[inst.ID] = &record{inst: inst, seq: s.seq}
+		out.Instances = append(out.Instances, toXML(inst))
+	}
+	return out, nil
 }
 
 // lookup resolves ids all-or-nothing, like EC2: one malformed or unknown id
@@ -446,6 +484,15 @@ type describeResponse struct {
 	RequestID    string           `xml:"requestId"`
 	Reservations []xmlReservation `xml:"reservationSet>item"`
 	NextToken    string           `xml:"nextToken,omitempty"`
+}
+
+type runResponse struct {
+	XMLName       xml.Name      `xml:"RunInstancesResponse"`
+	Xmlns         string        `xml:"xmlns,attr"`
+	RequestID     string        `xml:"requestId"`
+	ReservationID string        `xml:"reservationId"`
+	OwnerID       string        `xml:"ownerId"`
+	Instances     []xmlInstance `xml:"instancesSet>item"`
 }
 
 type xmlReservation struct {

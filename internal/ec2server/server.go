@@ -1,8 +1,9 @@
 // Package ec2server is an in-process stand-in for the Amazon EC2 Query API,
 // limited to the calls Reaper makes: DescribeInstances, TerminateInstances and
-// StopInstances. Tests point the real aws-sdk-go-v2 EC2 client at it (through
-// ec2.Options.BaseEndpoint or AWS_ENDPOINT_URL_EC2), so request encoding,
-// response parsing, error mapping and retries are exercised for real.
+// StopInstances, plus the RunInstances a provider makes. Tests point the real
+// aws-sdk-go-v2 EC2 client at it (through ec2.Options.BaseEndpoint or
+// AWS_ENDPOINT_URL_EC2), so request encoding, response parsing, error mapping
+// and retries are exercised for real.
 //
 // Behaviour follows EC2 where Reaper depends on it: requests naming unknown
 // instances fail as a whole with InvalidInstanceID.NotFound, terminating an

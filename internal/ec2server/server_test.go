@@ -408,3 +408,50 @@ func ids(insts []types.Instance) []string {
 	}
 	return out
 }
+
+// A provider launches with the SDK's RunInstances: the instance runs at once,
+// carries the instance tags of its TagSpecifications (not those for other
+// resource types) and DescribeInstances finds it by them.
+func TestRunInstances(t *testing.T) {
+	ctx := context.Background()
+	client, srv := newClient(t)
+	out, err := client.RunInstances(ctx, &ec2.RunInstancesInput{
+		MinCount: aws.Int32(1), MaxCount: aws.Int32(1), ImageId: aws.String("ami-0123456789abcdef0"),
+		InstanceType: types.InstanceTypeG5Xlarge,
+		TagSpecifications: []types.TagSpecification{
+			{ResourceType: types.ResourceTypeVolume, Tags: []types.Tag{{Key: aws.String("volume-only"), Value: aws.String("x")}}},
+			{ResourceType: types.ResourceTypeInstance, Tags: []types.Tag{
+				{Key: aws.String("reaper.io/managed"), Value: aws.String("true")},
+				{Key: aws.String("reaper.io/pod-name"), Value: aws.String("train-0")},
+			}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Instances) != 1 || out.ReservationId == nil {
+		t.Fatalf("RunInstances answered %+v", out)
+	}
+	id := aws.ToString(out.Instances[0].InstanceId)
+	if out.Instances[0].State.Name != types.InstanceStateNameRunning {
+		t.Errorf("state %s, want running", out.Instances[0].State.Name)
+	}
+	inst, ok := srv.Instance(id)
+	want := map[string]string{"reaper.io/managed": "true", "reaper.io/pod-name": "train-0"}
+	if !ok || inst.State != ec2server.Running || inst.InstanceType != "g5.xlarge" || fmt.Sprint(inst.Tags) != fmt.Sprint(want) {
+		t.Fatalf("server holds %+v (known %v), want running g5.xlarge with tags %v", inst, ok, want)
+	}
+	desc, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{
+		Filters: []types.Filter{{Name: aws.String("tag:reaper.io/pod-name"), Values: []string{"train-0"}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(desc.Reservations) != 1 || aws.ToString(desc.Reservations[0].Instances[0].InstanceId) != id {
+		t.Fatalf("DescribeInstances by tag found %+v, want %s", desc.Reservations, id)
+	}
+
+	if _, err := client.RunInstances(ctx, &ec2.RunInstancesInput{MinCount: aws.Int32(0), MaxCount: aws.Int32(1)}); apiCode(t, err) != "InvalidParameterValue" {
+		t.Errorf("MinCount 0: %v, want InvalidParameterValue", err)
+	}
+}

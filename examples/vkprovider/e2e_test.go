@@ -1,0 +1,525 @@
+package vkprovider_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/reaper-k8s/reaper/examples/vkprovider"
+	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/replay"
+	"github.com/reaper-k8s/reaper/pkg/exitline"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/reaper"
+	"github.com/reaper-k8s/reaper/pkg/userdata"
+)
+
+const (
+	nodeName = "reaper-virtual-node-e2e"
+	// syncPeriod is the provider's status period: short, so that a test
+	// spans many of them.
+	syncPeriod = 200 * time.Millisecond
+	// jobTimeout bounds a Job's run from creation to its end.
+	jobTimeout = 40 * time.Second
+	// dryRunWait is how long a Job must stay unfinished when Reaper writes
+	// nothing: many status periods and Job controller syncs.
+	dryRunWait = 5 * time.Second
+	// dryRunRecorder is exitrecorder with REAPER_DRY_RUN=true.
+	dryRunRecorder = "exitrecorder-dry-run"
+	// ledgerOnly records the exit in the ledger and nothing else, as when
+	// Reaper's Pod write has not landed (the apiserver was down).
+	ledgerOnly = "ledger-only"
+)
+
+var (
+	lab       *replay.Lab
+	ec2Client *ec2.Client
+)
+
+func TestMain(m *testing.M) {
+	code, err := run(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "vkprovider e2e:", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func run(m *testing.M) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	root, err := replay.ModuleRoot()
+	if err != nil {
+		return 0, err
+	}
+	dir, err := os.MkdirTemp("", "reaper-vkprovider-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	bins, err := replay.Build(ctx, root, filepath.Join(dir, "build"), replay.Functions...)
+	if err != nil {
+		return 0, err
+	}
+	stack, err := localstack.Start(ctx, localstack.Options{Controllers: []string{"job-controller"}})
+	if err != nil {
+		return 0, err
+	}
+	defer stack.Stop()
+	lab, err = replay.NewLab(ctx, stack, "reaper-ledger", bins, "REAPER_EXIT_WAIT=3s", "REAPER_ORPHAN_GRACE=1m")
+	if err != nil {
+		return 0, err
+	}
+	defer lab.Stop()
+	dry, err := localstack.StartFunction(ctx, bins["exitrecorder"], append(lab.Env, "REAPER_DRY_RUN=true"))
+	if err != nil {
+		return 0, err
+	}
+	lab.Functions[dryRunRecorder] = dry
+
+	ec2Client = ec2.NewFromConfig(stack.AWSConfig(ctx))
+	provCtx, stopProvider := context.WithCancel(ctx)
+	provDone := make(chan error, 1)
+	go func() {
+		provDone <- vkprovider.Run(provCtx, vkprovider.Config{
+			NodeName: nodeName, Cluster: localstack.Cluster, Kube: stack.Kube, EC2: ec2Client, Ledger: lab.Ledger,
+			ImageID: "ami-0123456789abcdef0", InstanceType: ec2types.InstanceTypeG5Xlarge, StatusSyncPeriod: syncPeriod,
+		})
+	}()
+	defer func() {
+		stopProvider()
+		<-provDone
+	}()
+
+	code := m.Run()
+	if code != 0 {
+		for name, f := range lab.Functions {
+			fmt.Fprintf(os.Stderr, "--- %s output:\n%s\n", name, f.Logs())
+		}
+	}
+	return code, nil
+}
+
+// host plays one exit: what the wrapper on the instance writes and the
+// CloudWatch agent ships.
+type host struct {
+	exitCode         int
+	runtimeRestarted bool
+	// goneFirst terminates the instance (as a spot reclaim or the wrapper's
+	// own power-off does) several status periods before the line arrives.
+	goneFirst bool
+}
+
+// jobRun is what became of a Job.
+type jobRun struct {
+	job *batchv1.Job
+	// pods are the Job's Pods at the end, in creation order.
+	pods []corev1.Pod
+	// created counts the Pods ever created for the Job.
+	created int
+	// flips describes every status change of a Pod after it was terminal.
+	flips []string
+	// exits are exitrecorder's answers, one per Pod it was sent.
+	exits []reaper.ExitSummary
+}
+
+// runJob creates a Job of one completion bound to the virtual node and
+// plays the host of each of its Pods: once the provider reports the Pod
+// Running, the exit line goes through the named exitrecorder. It returns
+// when the Job is Complete or Failed and then `settle` has passed, or with an
+// error at the timeout.
+func runJob(ctx context.Context, ns string, backoffLimit int32, exit host, recorder string, timeout, settle time.Duration) (*jobRun, error) {
+	if err := lab.Stack.EnsureNamespaces(ctx, ns); err != nil {
+		return nil, err
+	}
+	jobs := lab.Stack.Kube.BatchV1().Jobs(ns)
+	pods := lab.Stack.Kube.CoreV1().Pods(ns)
+	w, err := pods.Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	watched := watchPods(w)
+	defer w.Stop()
+
+	job, err := jobs.Create(ctx, &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "train"},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: &backoffLimit,
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				NodeName:      nodeName,
+				Tolerations:   []corev1.Toleration{{Key: vkprovider.Taint.Key, Operator: corev1.TolerationOpEqual, Value: vkprovider.Taint.Value, Effect: vkprovider.Taint.Effect}},
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers:    []corev1.Container{{Name: "main", Image: "public.ecr.aws/docker/library/busybox:1.37", Command: []string{"sh", "-c", "exit 0"}}},
+			}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	selector := metav1.FormatLabelSelector(job.Spec.Selector)
+	out := &jobRun{}
+	sent := map[types.UID]bool{}
+	deadline := time.Now().Add(timeout)
+	var ended time.Time
+	for {
+		if time.Now().After(deadline) {
+			st := out.job.Status
+			return out, fmt.Errorf("Job %s/%s did not end within %v: conditions %v, active %d, succeeded %d, failed %d",
+				ns, job.Name, timeout, st.Conditions, st.Active, st.Succeeded, st.Failed)
+		}
+		if out.job, err = jobs.Get(ctx, job.Name, metav1.GetOptions{}); err != nil {
+			return out, err
+		}
+		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return out, err
+		}
+		out.pods = list.Items
+		for _, pod := range list.Items {
+			if sent[pod.UID] || pod.Status.Phase != corev1.PodRunning {
+				continue
+			}
+			sum, err := sendExit(ctx, recorder, &pod, exit)
+			if err != nil {
+				return out, err
+			}
+			sent[pod.UID] = true
+			out.exits = append(out.exits, sum)
+		}
+		if ended.IsZero() && (condition(out.job, batchv1.JobComplete) || condition(out.job, batchv1.JobFailed)) {
+			ended = time.Now()
+		}
+		if !ended.IsZero() && time.Since(ended) >= settle {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	out.created, out.flips = watched()
+	return out, nil
+}
+
+// watchPods records the Pods' statuses from w. The function it returns
+// stops recording and reports how many Pods were created and every status
+// change of a Pod after its first terminal status.
+func watchPods(w watch.Interface) func() (int, []string) {
+	var (
+		mu       sync.Mutex
+		created  = map[types.UID]bool{}
+		terminal = map[types.UID]*corev1.PodStatus{}
+		flips    []string
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			mu.Lock()
+			created[pod.UID] = true
+			if first, ok := terminal[pod.UID]; ok && ev.Type != watch.Deleted && !apiequality.Semantic.DeepEqual(first, &pod.Status) {
+				flips = append(flips, fmt.Sprintf("%s at resourceVersion %s: phase %s after %s", pod.Name, pod.ResourceVersion, pod.Status.Phase, first.Phase))
+			}
+			if _, ok := terminal[pod.UID]; !ok && (pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed) {
+				terminal[pod.UID] = pod.Status.DeepCopy()
+			}
+			mu.Unlock()
+		}
+	}()
+	return func() (int, []string) {
+		w.Stop()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return len(created), flips
+	}
+}
+
+// sendExit finds the Pod's instance by its launch tags, as Reaper does, and
+// sends the exit line from its log stream.
+func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) (reaper.ExitSummary, error) {
+	var sum reaper.ExitSummary
+	out, err := ec2Client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []ec2types.Filter{
+		{Name: aws.String("tag:" + userdata.DefaultTagUID), Values: []string{string(pod.UID)}},
+	}})
+	if err != nil {
+		return sum, err
+	}
+	if len(out.Reservations) != 1 {
+		return sum, fmt.Errorf("pod %s: %d instances tagged with its UID", pod.Name, len(out.Reservations))
+	}
+	id := aws.ToString(out.Reservations[0].Instances[0].InstanceId)
+	if exit.goneFirst {
+		lab.Stack.EC2.SetState(id, ec2server.Terminated)
+		time.Sleep(5 * syncPeriod)
+		got, err := lab.Stack.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return sum, err
+		}
+		if got.Status.Phase != corev1.PodRunning {
+			return sum, fmt.Errorf("pod %s turned %s when its instance went, before its exit line", pod.Name, got.Status.Phase)
+		}
+	}
+	finished := time.Now().UTC().Truncate(time.Millisecond)
+	if recorder == ledgerOnly {
+		_, err := lab.Ledger.RecordExit(ctx, id, ledger.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)},
+			ledger.Exit{Container: "main", ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}, true)
+		return reaper.ExitSummary{InstanceID: id, Lines: 1, Recorded: 1}, err
+	}
+	msg, err := json.Marshal(exitline.Line{
+		Reaper: exitline.Kind, V: exitline.Version, InstanceID: id,
+		PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: string(pod.UID), Container: "main",
+		ContainerID: "docker://" + id[2:], ExitCode: exit.exitCode, RuntimeRestarted: exit.runtimeRestarted,
+		StartedAt: finished.Add(-time.Minute), FinishedAt: finished,
+	})
+	if err != nil {
+		return sum, err
+	}
+	ev, err := exitline.Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: id,
+		LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Timestamp: finished.UnixMilli(), Message: string(msg)}}})
+	if err != nil {
+		return sum, err
+	}
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		return sum, err
+	}
+	return sum, lab.Invoke(ctx, recorder, payload, &sum)
+}
+
+func condition(job *batchv1.Job, typ batchv1.JobConditionType) bool {
+	for _, c := range job.Status.Conditions {
+		if c.Type == typ && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// wantPodsEnded checks that the Job made n Pods and each ended with phase
+// and the container's exit code, its instance terminated, and that no
+// terminal status was ever changed.
+func wantPodsEnded(t *testing.T, r *jobRun, n int, phase corev1.PodPhase, code int32) {
+	t.Helper()
+	if r.created != n || len(r.pods) != n {
+		t.Fatalf("%d Pods created, %d left; want %d", r.created, len(r.pods), n)
+	}
+	for _, pod := range r.pods {
+		if pod.Status.Phase != phase || len(pod.Status.ContainerStatuses) != 1 {
+			t.Fatalf("Pod %s: phase %s, %d container statuses; want %s and 1", pod.Name, pod.Status.Phase, len(pod.Status.ContainerStatuses), phase)
+		}
+		term := pod.Status.ContainerStatuses[0].State.Terminated
+		if term == nil || term.ExitCode != code {
+			t.Fatalf("Pod %s container state %+v, want terminated with exit code %d", pod.Name, pod.Status.ContainerStatuses[0].State, code)
+		}
+	}
+	for _, sum := range r.exits {
+		if sum.Recorded != 1 || sum.Rejected != 0 {
+			t.Errorf("exitrecorder: %+v, want the line recorded", sum)
+		}
+		if i, ok := lab.Stack.EC2.Instance(sum.InstanceID); !ok || (i.State != ec2server.Terminated && i.State != ec2server.ShuttingDown) {
+			t.Errorf("instance %s: %+v, want terminated", sum.InstanceID, i)
+		}
+	}
+	if len(r.exits) != n {
+		t.Errorf("%d exit lines sent, want %d", len(r.exits), n)
+	}
+	if len(r.flips) > 0 {
+		t.Errorf("terminal Pod statuses changed: %v", r.flips)
+	}
+}
+
+// A container that exits 0 completes its Job with the one Pod Succeeded:
+// the Job controller never makes a second Pod.
+func TestE2EJobSucceeds(t *testing.T) {
+	t.Parallel()
+	r, err := runJob(t.Context(), "e2e-succeeds", 0, host{exitCode: 0}, "exitrecorder", jobTimeout, 2*syncPeriod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !condition(r.job, batchv1.JobComplete) || r.job.Status.Succeeded != 1 || r.job.Status.Failed != 0 {
+		t.Fatalf("Job status %+v, want Complete with 1 succeeded", r.job.Status)
+	}
+	wantPodsEnded(t, r, 1, corev1.PodSucceeded, 0)
+}
+
+// Exit 3 with backoffLimit 1: the Job controller retries once, and both
+// Pods end Failed with the real exit code.
+func TestE2EJobFails(t *testing.T) {
+	t.Parallel()
+	r, err := runJob(t.Context(), "e2e-fails", 1, host{exitCode: 3}, "exitrecorder", jobTimeout, 2*syncPeriod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !condition(r.job, batchv1.JobFailed) || r.job.Status.Failed != 2 || r.job.Status.Succeeded != 0 {
+		t.Fatalf("Job status %+v, want Failed with 2 failed", r.job.Status)
+	}
+	wantPodsEnded(t, r, 2, corev1.PodFailed, 3)
+}
+
+// The installer whose work restarted the container runtime under it: the
+// line says so and carries its exit 0, and the Job completes once.
+func TestE2EInstallerRuntimeRestarted(t *testing.T) {
+	t.Parallel()
+	r, err := runJob(t.Context(), "e2e-installer", 0, host{exitCode: 0, runtimeRestarted: true}, "exitrecorder", jobTimeout, 2*syncPeriod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !condition(r.job, batchv1.JobComplete) || r.job.Status.Succeeded != 1 || r.job.Status.Failed != 0 {
+		t.Fatalf("Job status %+v, want Complete with 1 succeeded", r.job.Status)
+	}
+	wantPodsEnded(t, r, 1, corev1.PodSucceeded, 0)
+}
+
+// The instance goes before its exit line arrives: the provider sees it
+// terminated and writes nothing, so the late line still ends the Pod with
+// its real exit and the Job completes with its one Pod.
+func TestE2EInstanceGoneBeforeExitLine(t *testing.T) {
+	t.Parallel()
+	r, err := runJob(t.Context(), "e2e-gone-first", 0, host{exitCode: 0, goneFirst: true}, "exitrecorder", jobTimeout, 2*syncPeriod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !condition(r.job, batchv1.JobComplete) || r.job.Status.Succeeded != 1 || r.job.Status.Failed != 0 {
+		t.Fatalf("Job status %+v, want Complete with 1 succeeded", r.job.Status)
+	}
+	wantPodsEnded(t, r, 1, corev1.PodSucceeded, 0)
+}
+
+// Once Reaper has written the terminal status, the provider keeps syncing
+// for many of its periods with the instance terminated, and the status
+// never changes again.
+func TestE2ENoFlipBack(t *testing.T) {
+	t.Parallel()
+	r, err := runJob(t.Context(), "e2e-no-flip", 0, host{exitCode: 0}, "exitrecorder", jobTimeout, 15*syncPeriod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPodsEnded(t, r, 1, corev1.PodSucceeded, 0)
+}
+
+// The provider's own read of the ledger: when the ledger holds the exit
+// but no Pod write has landed, GetPodStatus reports the exit and the Job
+// ends with the real exit code. Nothing terminated the instance; the
+// provider's status does not depend on it.
+func TestE2EProviderReadsLedger(t *testing.T) {
+	t.Parallel()
+	r, err := runJob(t.Context(), "e2e-ledger", 0, host{exitCode: 7}, ledgerOnly, jobTimeout, 2*syncPeriod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !condition(r.job, batchv1.JobFailed) || r.job.Status.Failed != 1 {
+		t.Fatalf("Job status %+v, want Failed with 1 failed", r.job.Status)
+	}
+	if r.created != 1 || len(r.pods) != 1 || len(r.flips) > 0 {
+		t.Fatalf("%d Pods created, %d left, flips %v; want 1, 1, none", r.created, len(r.pods), r.flips)
+	}
+	pod := r.pods[0]
+	if term := pod.Status.ContainerStatuses[0].State.Terminated; pod.Status.Phase != corev1.PodFailed || term == nil || term.ExitCode != 7 || term.Reason != "Error" {
+		t.Fatalf("Pod %s: phase %s, container %+v; want Failed, exit 7 Error", pod.Name, pod.Status.Phase, pod.Status.ContainerStatuses[0].State)
+	}
+}
+
+// A ledger record of an earlier Pod of the same name (another UID) on the
+// instance is not this Pod's exit: the provider keeps reporting Running.
+func TestE2EProviderIgnoresOtherUID(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	ns := "e2e-other-uid"
+	if err := lab.Stack.EnsureNamespaces(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	pods := lab.Stack.Kube.CoreV1().Pods(ns)
+	pod, err := pods.Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "worker"},
+		Spec: corev1.PodSpec{NodeName: nodeName, RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "main", Image: "public.ecr.aws/docker/library/busybox:1.37"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := waitRunning(t, pod)
+	if _, err := lab.Ledger.RecordExit(ctx, id, ledger.PodRef{Namespace: ns, Name: pod.Name, UID: "00000000-0000-4000-8000-000000000000"},
+		ledger.Exit{Container: "main", ExitCode: 1, FinishedAt: time.Now()}, true); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * syncPeriod)
+	got, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Phase != corev1.PodRunning {
+		t.Fatalf("Pod %s phase %s after another UID's exit, want Running", got.Name, got.Status.Phase)
+	}
+}
+
+// waitRunning waits until the provider reports the Pod Running and returns
+// its instance.
+func waitRunning(t *testing.T, pod *corev1.Pod) string {
+	t.Helper()
+	ctx := t.Context()
+	for deadline := time.Now().Add(jobTimeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		got, err := lab.Stack.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		out, err := ec2Client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []ec2types.Filter{
+			{Name: aws.String("tag:" + userdata.DefaultTagUID), Values: []string{string(pod.UID)}},
+		}})
+		if err != nil || len(out.Reservations) != 1 {
+			t.Fatalf("instance of %s: %v, %d found", pod.Name, err, len(out.Reservations))
+		}
+		return aws.ToString(out.Reservations[0].Instances[0].InstanceId)
+	}
+	t.Fatalf("Pod %s never Running", pod.Name)
+	return ""
+}
+
+// With Reaper's writes switched off (REAPER_DRY_RUN=true: nothing written,
+// the ledger included) none of the Jobs above ends: the Pod stays Running,
+// its instance runs on, and the Job controller creates no second Pod. So
+// what the tests above see comes from Reaper.
+func TestE2EDryRunNothingEnds(t *testing.T) {
+	t.Parallel()
+	for name, exit := range map[string]host{"succeeds": {exitCode: 0}, "fails": {exitCode: 3}, "installer": {exitCode: 0, runtimeRestarted: true}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r, err := runJob(t.Context(), "e2e-dry-"+name, 1, exit, dryRunRecorder, dryRunWait, 0)
+			if err == nil {
+				t.Fatalf("Job ended with Reaper's writes off: %+v", r.job.Status)
+			}
+			if errors.Is(err, context.Canceled) || len(r.exits) != 1 || len(r.pods) != 1 {
+				t.Fatalf("%v; %d exit lines sent, %d Pods; want 1 and 1", err, len(r.exits), len(r.pods))
+			}
+			pod := r.pods[0]
+			if pod.Status.Phase != corev1.PodRunning {
+				t.Errorf("Pod %s phase %s, want Running", pod.Name, pod.Status.Phase)
+			}
+			if i, _ := lab.Stack.EC2.Instance(r.exits[0].InstanceID); i.State != ec2server.Running {
+				t.Errorf("instance %s %s, want running", i.ID, i.State)
+			}
+		})
+	}
+}
