@@ -319,7 +319,6 @@ func (h *harness) lines() []map[string]any {
 // shellTrouble matches what a shell or the doubles print on a script bug.
 var shellTrouble = regexp.MustCompile(`parameter not set|unbound variable|exiting unexpectedly|syntax error|command not found|: [0-9]+: [^:\n]*: not found|double: .*`)
 
-
 // checkContract feeds an exit line to Reaper's own parser, the one the
 // exitrecorder runs on it: the wrapper's lines must be exit line v1 as
 // Reaper reads it, within every input limit.
