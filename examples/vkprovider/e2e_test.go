@@ -145,8 +145,8 @@ type jobRun struct {
 // plays the host of each of its Pods: once the provider reports the Pod
 // Running, the exit line goes through the named exitrecorder. It returns
 // when the Job is Complete or Failed and then `settle` has passed, or with an
-// error at the timeout.
-func runJob(ctx context.Context, ns string, backoffLimit int32, exit host, recorder string, timeout, settle time.Duration) (*jobRun, error) {
+// error at the timeout. Each tweak changes the Job before it is created.
+func runJob(ctx context.Context, ns string, backoffLimit int32, exit host, recorder string, timeout, settle time.Duration, tweaks ...func(*batchv1.Job)) (*jobRun, error) {
 	if err := lab.Stack.EnsureNamespaces(ctx, ns); err != nil {
 		return nil, err
 	}
@@ -159,18 +159,11 @@ func runJob(ctx context.Context, ns string, backoffLimit int32, exit host, recor
 	watched := watchPods(w)
 	defer w.Stop()
 
-	job, err := jobs.Create(ctx, &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: "train"},
-		Spec: batchv1.JobSpec{
-			BackoffLimit: &backoffLimit,
-			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
-				NodeName:      nodeName,
-				Tolerations:   []corev1.Toleration{{Key: vkprovider.Taint.Key, Operator: corev1.TolerationOpEqual, Value: vkprovider.Taint.Value, Effect: vkprovider.Taint.Effect}},
-				RestartPolicy: corev1.RestartPolicyNever,
-				Containers:    []corev1.Container{{Name: "main", Image: "public.ecr.aws/docker/library/busybox:1.37", Command: []string{"sh", "-c", "exit 0"}}},
-			}},
-		},
-	}, metav1.CreateOptions{})
+	job := newJob(backoffLimit)
+	for _, tweak := range tweaks {
+		tweak(job)
+	}
+	job, err = jobs.Create(ctx, job, metav1.CreateOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -214,6 +207,22 @@ func runJob(ctx context.Context, ns string, backoffLimit int32, exit host, recor
 	}
 	out.created, out.flips = watched()
 	return out, nil
+}
+
+// newJob is a Job of one completion whose Pods run on the virtual node.
+func newJob(backoffLimit int32) *batchv1.Job {
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "train"},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: &backoffLimit,
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				NodeName:      nodeName,
+				Tolerations:   []corev1.Toleration{{Key: vkprovider.Taint.Key, Operator: corev1.TolerationOpEqual, Value: vkprovider.Taint.Value, Effect: vkprovider.Taint.Effect}},
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers:    []corev1.Container{{Name: "main", Image: "public.ecr.aws/docker/library/busybox:1.37", Command: []string{"sh", "-c", "exit 0"}}},
+			}},
+		},
+	}
 }
 
 // watchPods records the Pods' statuses from w. The function it returns

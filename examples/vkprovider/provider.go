@@ -79,6 +79,13 @@ type Config struct {
 // Run registers the virtual node and runs the node and pod controllers until
 // ctx is done.
 func Run(ctx context.Context, cfg Config) error {
+	return run(ctx, cfg, func(cfg Config, lister corev1listers.PodLister) node.PodLifecycleHandler {
+		return newProvider(cfg, lister)
+	})
+}
+
+// run is Run with the pod handler that newHandler makes.
+func run(ctx context.Context, cfg Config, newHandler func(Config, corev1listers.PodLister) node.PodLifecycleHandler) error {
 	if !strings.HasPrefix(cfg.NodeName, NodePrefix) {
 		return fmt.Errorf("vkprovider: node name %q does not start with %q", cfg.NodeName, NodePrefix)
 	}
@@ -105,7 +112,7 @@ func Run(ctx context.Context, cfg Config) error {
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Kube.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 
-	p := newProvider(cfg, pods.Lister())
+	p := newHandler(cfg, pods.Lister())
 	pc, err := node.NewPodController(node.PodControllerConfig{
 		PodClient:         cfg.Kube.CoreV1(),
 		PodInformer:       pods,
