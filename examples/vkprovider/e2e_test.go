@@ -357,73 +357,51 @@ func wantPodsEnded(t *testing.T, r *jobRun, n int, phase corev1.PodPhase, code i
 	}
 }
 
-// A container that exits 0 completes its Job with the one Pod Succeeded:
-// the Job controller never makes a second Pod.
-func TestE2EJobSucceeds(t *testing.T) {
-	t.Parallel()
-	r, err := runJob(t.Context(), "e2e-succeeds", 0, host{exitCode: 0}, "exitrecorder", jobTimeout, 2*syncPeriod)
-	if err != nil {
-		t.Fatal(err)
+// Jobs whose Pods end through Reaper, as the Job controller sees them:
+//   - exit 0 completes the Job with its one Pod Succeeded, and no second
+//     Pod is ever made;
+//   - exit 3 with backoffLimit 1: the controller retries once and both Pods
+//     end Failed with the real exit code;
+//   - the installer whose work restarted the container runtime under it:
+//     the line says so and carries its exit 0, and the Job completes once;
+//   - the instance goes before its exit line: the provider sees it
+//     terminated and writes nothing, so the late line still ends the Pod;
+//   - after the terminal status the provider keeps syncing for many of its
+//     periods with the instance terminated, and the status never changes.
+//
+// runJob fails any of them whose Pod status changes after it ended.
+func TestE2EJobs(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		backoffLimit int32
+		host         host
+		settle       time.Duration
+		want         batchv1.JobConditionType
+		pods         int
+		phase        corev1.PodPhase
+	}{
+		{"succeeds", 0, host{exitCode: 0}, 2 * syncPeriod, batchv1.JobComplete, 1, corev1.PodSucceeded},
+		{"fails", 1, host{exitCode: 3}, 2 * syncPeriod, batchv1.JobFailed, 2, corev1.PodFailed},
+		{"installer", 0, host{exitCode: 0, runtimeRestarted: true}, 2 * syncPeriod, batchv1.JobComplete, 1, corev1.PodSucceeded},
+		{"gone-first", 0, host{exitCode: 0, goneFirst: true}, 2 * syncPeriod, batchv1.JobComplete, 1, corev1.PodSucceeded},
+		{"no-flip", 0, host{exitCode: 0}, 15 * syncPeriod, batchv1.JobComplete, 1, corev1.PodSucceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r, err := runJob(t.Context(), "e2e-"+tc.name, tc.backoffLimit, tc.host, "exitrecorder", jobTimeout, tc.settle)
+			if err != nil {
+				t.Fatal(err)
+			}
+			succeeded, failed := int32(tc.pods), int32(0)
+			if tc.phase == corev1.PodFailed {
+				succeeded, failed = 0, int32(tc.pods)
+			}
+			if !condition(r.job, tc.want) || r.job.Status.Succeeded != succeeded || r.job.Status.Failed != failed {
+				t.Fatalf("Job status %+v, want %s with %d succeeded, %d failed", r.job.Status, tc.want, succeeded, failed)
+			}
+			wantPodsEnded(t, r, tc.pods, tc.phase, int32(tc.host.exitCode))
+		})
 	}
-	if !condition(r.job, batchv1.JobComplete) || r.job.Status.Succeeded != 1 || r.job.Status.Failed != 0 {
-		t.Fatalf("Job status %+v, want Complete with 1 succeeded", r.job.Status)
-	}
-	wantPodsEnded(t, r, 1, corev1.PodSucceeded, 0)
-}
-
-// Exit 3 with backoffLimit 1: the Job controller retries once, and both
-// Pods end Failed with the real exit code.
-func TestE2EJobFails(t *testing.T) {
-	t.Parallel()
-	r, err := runJob(t.Context(), "e2e-fails", 1, host{exitCode: 3}, "exitrecorder", jobTimeout, 2*syncPeriod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !condition(r.job, batchv1.JobFailed) || r.job.Status.Failed != 2 || r.job.Status.Succeeded != 0 {
-		t.Fatalf("Job status %+v, want Failed with 2 failed", r.job.Status)
-	}
-	wantPodsEnded(t, r, 2, corev1.PodFailed, 3)
-}
-
-// The installer whose work restarted the container runtime under it: the
-// line says so and carries its exit 0, and the Job completes once.
-func TestE2EInstallerRuntimeRestarted(t *testing.T) {
-	t.Parallel()
-	r, err := runJob(t.Context(), "e2e-installer", 0, host{exitCode: 0, runtimeRestarted: true}, "exitrecorder", jobTimeout, 2*syncPeriod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !condition(r.job, batchv1.JobComplete) || r.job.Status.Succeeded != 1 || r.job.Status.Failed != 0 {
-		t.Fatalf("Job status %+v, want Complete with 1 succeeded", r.job.Status)
-	}
-	wantPodsEnded(t, r, 1, corev1.PodSucceeded, 0)
-}
-
-// The instance goes before its exit line arrives: the provider sees it
-// terminated and writes nothing, so the late line still ends the Pod with
-// its real exit and the Job completes with its one Pod.
-func TestE2EInstanceGoneBeforeExitLine(t *testing.T) {
-	t.Parallel()
-	r, err := runJob(t.Context(), "e2e-gone-first", 0, host{exitCode: 0, goneFirst: true}, "exitrecorder", jobTimeout, 2*syncPeriod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !condition(r.job, batchv1.JobComplete) || r.job.Status.Succeeded != 1 || r.job.Status.Failed != 0 {
-		t.Fatalf("Job status %+v, want Complete with 1 succeeded", r.job.Status)
-	}
-	wantPodsEnded(t, r, 1, corev1.PodSucceeded, 0)
-}
-
-// Once Reaper has written the terminal status, the provider keeps syncing
-// for many of its periods with the instance terminated, and the status
-// never changes again.
-func TestE2ENoFlipBack(t *testing.T) {
-	t.Parallel()
-	r, err := runJob(t.Context(), "e2e-no-flip", 0, host{exitCode: 0}, "exitrecorder", jobTimeout, 15*syncPeriod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantPodsEnded(t, r, 1, corev1.PodSucceeded, 0)
 }
 
 // The provider's own read of the ledger: when the ledger holds the exit
