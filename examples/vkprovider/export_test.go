@@ -62,18 +62,7 @@ func (p *instanceStateProvider) GetPodStatus(ctx context.Context, namespace, nam
 }
 
 func (p *instanceStateProvider) NotifyPods(ctx context.Context, notify func(*corev1.Pod)) {
-	go func() {
-		t := time.NewTicker(p.poll)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				p.sync(ctx, notify)
-			}
-		}
-	}()
+	go every(ctx, p.poll, func() { p.sync(ctx, notify) })
 }
 
 // sync describes the instances of every live Pod in one call and notifies

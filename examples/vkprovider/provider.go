@@ -368,18 +368,21 @@ func (p *provider) status(ctx context.Context, pod *corev1.Pod) (*corev1.PodStat
 
 // NotifyPods starts the status loop.
 func (p *provider) NotifyPods(ctx context.Context, notify func(*corev1.Pod)) {
-	go func() {
-		t := time.NewTicker(p.cfg.StatusSyncPeriod)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				p.syncStatuses(ctx, notify)
-			}
+	go every(ctx, p.cfg.StatusSyncPeriod, func() { p.syncStatuses(ctx, notify) })
+}
+
+// every calls fn each period until ctx ends.
+func every(ctx context.Context, period time.Duration, fn func()) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
 		}
-	}()
+	}
 }
 
 func (p *provider) syncStatuses(ctx context.Context, notify func(*corev1.Pod)) {
