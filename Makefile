@@ -2,7 +2,7 @@
 # test. Both install or build what they need first (hack/setup.sh, cached in
 # ~/.cache/reaper).
 
-FUNCTIONS := exitrecorder statechange sweeper
+FUNCTIONS := exitrecorder statechange sweeper reconciler
 GOARCH    ?= arm64
 SETUP     := eval "$$(hack/setup.sh)"
 GOFLAGS_LAMBDA := -trimpath -tags lambda.norpc -ldflags="-s -w"

@@ -40,7 +40,7 @@ func runReplay(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(dir)
 
-	fmt.Println("building the functions and starting the local stack (etcd, kube-apiserver, dynalite, EC2 test server)…")
+	fmt.Println("building the functions and starting the local stack (etcd, kube-apiserver, dynalite, EC2 and SQS test servers)…")
 	bins, err := replay.Build(ctx, root, filepath.Join(dir, "build"), replay.Functions...)
 	if err != nil {
 		return err
@@ -60,7 +60,7 @@ func runReplay(ctx context.Context, args []string) error {
 	failed := false
 	for _, run := range []func() (replay.Result, error){
 		func() (replay.Result, error) { return lab.Replicas30(ctx, dir, os.Stderr) },
-		func() (replay.Result, error) { return lab.Spot10(ctx, dir, os.Stderr) },
+		func() (replay.Result, error) { return lab.Spot10(ctx, dir, exitWait, os.Stderr) },
 	} {
 		res, err := run()
 		if err != nil {

@@ -1,6 +1,7 @@
 // Command exitrecorder is the Lambda behind the exit-line log group's
-// subscription filter: it records each container exit in the ledger, makes
-// the Pod's status say so and terminates the instance it ran on.
+// subscription filter: it records each container exit in the ledger and
+// hands the instance to the reconciler, which checks the line against the
+// instance's tags, makes the Pod's status say so and terminates it.
 package main
 
 import (

@@ -1,6 +1,7 @@
 // Command statechange is the Lambda behind the EventBridge rule on EC2
-// instance state changes: when a managed instance stops or terminates for any
-// reason, it makes sure the Pod ends with the truth.
+// instance state changes: it hands each change to the reconciler, which,
+// when one of this deployment's instances stops or terminates for any
+// reason, makes sure the Pod ends with the truth.
 package main
 
 import (

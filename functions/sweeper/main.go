@@ -1,5 +1,6 @@
-// Command sweeper is the scheduled Lambda that reconciles the ledger, the
-// managed instances and their Pods, catching whatever events missed.
+// Command sweeper is the scheduled Lambda that compares the ledger, the
+// managed instances and their Pods, and hands whatever events missed to the
+// reconciler.
 package main
 
 import (

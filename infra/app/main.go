@@ -76,14 +76,16 @@ func newStack(app awscdk.App) (awscdk.Stack, *reapercdk.Reaper, error) {
 	output("ExitLogGroup", "Log group the hosts' CloudWatch agent writes exit lines to", r.ExitLogGroup.LogGroupName())
 	output("AgentPolicyArn", "Managed policy to attach to the provider's instance role", r.AgentPolicy.ManagedPolicyArn())
 	output("FailureQueueUrl", "Events that failed every retry", r.FailureQueue.QueueUrl())
+	output("WorkQueueUrl", "Work queue from the other functions to the reconciler (REAPER_QUEUE_URL)", r.WorkQueue.QueueUrl())
+	output("DeadLetterQueueUrl", "Work the reconciler failed MaxReceiveCount times: inspect, then redrive to the work queue", r.DeadLetterQueue.QueueUrl())
 	output("DashboardName", "CloudWatch dashboard of the deployment's metrics and alarms", r.Dashboard.DashboardName())
+	// Only the sweeper and the reconciler talk to Kubernetes.
 	for _, fn := range []struct {
 		id   string
 		role *string
 	}{
-		{"ExitRecorderRoleArn", r.ExitRecorder.Role().RoleArn()},
-		{"StateChangeRoleArn", r.StateChange.Role().RoleArn()},
 		{"SweeperRoleArn", r.Sweeper.Role().RoleArn()},
+		{"ReconcilerRoleArn", r.Reconciler.Role().RoleArn()},
 	} {
 		output(fn.id, "Function role to map to the Kubernetes group of deploy/rbac.yaml", fn.role)
 	}
@@ -136,6 +138,12 @@ var knobs = []knob{
 	{"sweepRate", duration(func(p *reapercdk.Props) *time.Duration { return &p.SweepRate })},
 	{"maxEventAge", duration(func(p *reapercdk.Props) *time.Duration { return &p.MaxEventAge })},
 	{"includeRunning", boolean(func(p *reapercdk.Props) *bool { return &p.IncludeRunning })},
+	{"maxReceiveCount", integer(func(p *reapercdk.Props) *int { return &p.MaxReceiveCount })},
+	{"reconcilerBatchSize", integer(func(p *reapercdk.Props) *int { return &p.ReconcilerBatchSize })},
+	{"reconcilerBatchingWindow", duration(func(p *reapercdk.Props) *time.Duration { return &p.ReconcilerBatchingWindow })},
+	{"reconcilerMaxConcurrency", integer(func(p *reapercdk.Props) *int { return &p.ReconcilerMaxConcurrency })},
+	{"ec2Share", number(func(p *reapercdk.Props) *float64 { return &p.EC2Share })},
+	{"queueAgeAlarm", duration(func(p *reapercdk.Props) *time.Duration { return &p.QueueAgeAlarm })},
 	{"metricsNamespace", str(func(p *reapercdk.Props) *string { return &p.MetricsNamespace })},
 	{"terminateLatencyAlarm", duration(func(p *reapercdk.Props) *time.Duration { return &p.TerminateLatencyAlarm })},
 	{"alarmEmail", str(func(p *reapercdk.Props) *string { return &p.AlarmEmail })},
@@ -192,6 +200,10 @@ func boolean(field func(*reapercdk.Props) *bool) func(*reapercdk.Props, string) 
 
 func integer(field func(*reapercdk.Props) *int) func(*reapercdk.Props, string) error {
 	return func(p *reapercdk.Props, v string) (err error) { *field(p), err = strconv.Atoi(v); return err }
+}
+
+func number(field func(*reapercdk.Props) *float64) func(*reapercdk.Props, string) error {
+	return func(p *reapercdk.Props, v string) (err error) { *field(p), err = strconv.ParseFloat(v, 64); return err }
 }
 
 func duration(field func(*reapercdk.Props) *time.Duration) func(*reapercdk.Props, string) error {

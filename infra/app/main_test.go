@@ -67,6 +67,12 @@ func TestContextKnobs(t *testing.T) {
 			"sweepRate":                "2m",
 			"maxEventAge":              "30m",
 			"includeRunning":           "true",
+			"maxReceiveCount":          "8",
+			"reconcilerBatchSize":      2000.0,
+			"reconcilerBatchingWindow": "30s",
+			"reconcilerMaxConcurrency": "6",
+			"ec2Share":                 0.25,
+			"queueAgeAlarm":            "15m",
 			"metricsNamespace":         "Staging/Reaper",
 			"terminateLatencyAlarm":    "90s",
 			"alarmEmail":               "oncall@example.com",
@@ -85,16 +91,35 @@ func TestContextKnobs(t *testing.T) {
 		tmpl.HasResourceProperties(jsii.String("AWS::DynamoDB::Table"), map[string]any{"TableName": "reaper-staging"})
 		tmpl.HasResource(jsii.String("AWS::DynamoDB::Table"), map[string]any{"DeletionPolicy": "Delete"})
 		tmpl.HasResourceProperties(jsii.String("AWS::Logs::LogGroup"), map[string]any{"LogGroupName": "/staging/reaper/exits", "RetentionInDays": 7})
-		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Logs::LogGroup"), map[string]any{"RetentionInDays": 90}, jsii.Number(3))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Logs::LogGroup"), map[string]any{"RetentionInDays": 90}, jsii.Number(4))
+		// The functions that do not talk to Kubernetes.
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{"REAPER_KUBECONFIG_SECRET": assertions.Match_Absent()})},
+		}, jsii.Number(2))
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
+				"REAPER_KUBECONFIG_SECRET": assertions.Match_AnyValue(), "REAPER_EC2_SHARE": "0.25", "REAPER_RECONCILER_CONCURRENCY": "6",
+			})},
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
+			"BatchSize": 2000, "MaximumBatchingWindowInSeconds": 30, "ScalingConfig": map[string]any{"MaximumConcurrency": 6},
+			"FunctionResponseTypes": []any{"ReportBatchItemFailures"},
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::SQS::Queue"), map[string]any{
+			"RedrivePolicy": assertions.Match_ObjectLike(&map[string]any{"maxReceiveCount": 8}),
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"MetricName": "ApproximateAgeOfOldestMessage", "Threshold": 900,
+		})
 		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
 			"MemorySize":                   512,
 			"ReservedConcurrentExecutions": 10,
 			"VpcConfig":                    map[string]any{"SubnetIds": []any{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"}, "SecurityGroupIds": []any{"sg-0123456789abcdef0"}},
 			"LoggingConfig":                map[string]any{"LogFormat": "JSON", "ApplicationLogLevel": "WARN", "SystemLogLevel": "INFO", "LogGroup": map[string]any{"Ref": assertions.Match_AnyValue()}},
-			"Environment": map[string]any{"Variables": map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
 				"REAPER_TABLE":             map[string]any{"Ref": assertions.Match_AnyValue()},
+				"REAPER_QUEUE_URL":         map[string]any{"Ref": assertions.Match_AnyValue()},
 				"REAPER_CLUSTER":           "staging",
-				"REAPER_KUBECONFIG_SECRET": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:reaper/kubeconfig-AbCdEf",
 				"REAPER_EXIT_WAIT":         "5m0s",
 				"REAPER_ORPHAN_GRACE":      "1h0m0s",
 				"REAPER_TERMINATE_STOPPED": "false",
@@ -106,8 +131,13 @@ func TestContextKnobs(t *testing.T) {
 				"REAPER_TAG_POD_NAME":      "example.com/pod",
 				"REAPER_TAG_POD_UID":       "example.com/uid",
 				"REAPER_METRICS_NAMESPACE": "Staging/Reaper",
-			}},
+			})},
 		})
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
+				"REAPER_KUBECONFIG_SECRET": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:reaper/kubeconfig-AbCdEf",
+			})},
+		}, jsii.Number(2))
 		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
 			"Metrics": assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{"MetricStat": map[string]any{
 				"Metric": map[string]any{"Namespace": "Staging/Reaper", "MetricName": "FinishToTerminated"}, "Stat": "p99",
@@ -118,7 +148,7 @@ func TestContextKnobs(t *testing.T) {
 		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"ScheduleExpression": "rate(2 minutes)"})
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
 		tmpl.ResourceCountIs(jsii.String("AWS::SNS::Topic"), jsii.Number(1))
-		for _, out := range []string{"LedgerTable", "ExitLogGroup", "AgentPolicyArn", "FailureQueueUrl", "DashboardName", "ExitRecorderRoleArn", "StateChangeRoleArn", "SweeperRoleArn"} {
+		for _, out := range []string{"LedgerTable", "ExitLogGroup", "AgentPolicyArn", "FailureQueueUrl", "WorkQueueUrl", "DeadLetterQueueUrl", "DashboardName", "SweeperRoleArn", "ReconcilerRoleArn"} {
 			tmpl.HasOutput(jsii.String(out), map[string]any{})
 		}
 	})
@@ -171,9 +201,13 @@ func TestBadKnobs(t *testing.T) {
 			"exitLogRetentionDays":  "10",
 			"tableRemovalPolicy":    "snapshot",
 			"terminateLatencyAlarm": "0s",
+			"ec2Share":              "half",
+			"reconcilerBatchSize":   "all",
+			"queueAgeAlarm":         "-1m",
 		}))
 	})
-	for _, want := range []string{`exitWait="soon"`, `dryRun="maybe"`, `memoryMb="lots"`, `exitLogRetentionDays="10": CloudWatch Logs keeps [1 3 5 7 14 30`, `tableRemovalPolicy="snapshot"`, `terminateLatencyAlarm="0s": must be positive`} {
+	for _, want := range []string{`exitWait="soon"`, `dryRun="maybe"`, `memoryMb="lots"`, `exitLogRetentionDays="10": CloudWatch Logs keeps [1 3 5 7 14 30`, `tableRemovalPolicy="snapshot"`, `terminateLatencyAlarm="0s": must be positive`,
+		`ec2Share="half"`, `reconcilerBatchSize="all"`, `queueAgeAlarm="-1m": must be positive`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v, want it to mention %s", err, want)
 		}
@@ -261,7 +295,7 @@ func TestCDKSynth(t *testing.T) {
 		t.Fatal(err)
 	}
 	fns := cdktest.Resources(tmpl, "AWS::Lambda::Function")
-	if len(fns) != 3 {
+	if len(fns) != 4 {
 		t.Fatalf("%d functions in the synthesized template", len(fns))
 	}
 	for id, fn := range fns {

@@ -224,21 +224,45 @@ func NagClean(t testing.TB, stack awscdk.Stack, want []string) NagReport {
 
 // ReaperNagSuppressions are the findings the Reaper construct at
 // <stack>/<id> suppresses, with exitLogGroup its exit log group, in a stack
-// whose account and region are not known at synthesis: each function
-// role's Resource "*" and instance/* grants, the agent policy's log streams
-// and the failure queue's lack of a dead-letter queue (the README's
-// "Security review (cdk-nag)").
+// whose account and region are not known at synthesis and whose functions
+// are not in a VPC (the README's "Security review (cdk-nag)"): the
+// Resource "*" of the sweeper's and the reconciler's ec2:DescribeInstances,
+// the reconciler's instance/* terminate grant, the agent policy's log
+// streams and the failure queue's lack of a dead-letter queue (cdk-nag sees
+// that the work dead-letter queue is one).
 func ReaperNagSuppressions(stack, id, exitLogGroup string) []string {
+	return reaperNagSuppressions(stack, id, exitLogGroup, false)
+}
+
+// ReaperNagSuppressionsInVPC are ReaperNagSuppressions for a construct
+// whose functions are in a VPC: every function's Resource "*" then also
+// holds Lambda's network interface actions.
+func ReaperNagSuppressionsInVPC(stack, id, exitLogGroup string) []string {
+	return reaperNagSuppressions(stack, id, exitLogGroup, true)
+}
+
+func reaperNagSuppressions(stack, id, exitLogGroup string, inVPC bool) []string {
 	arn := func(service, resource string) string {
 		return "arn:<AWS::Partition>:" + service + ":<AWS::Region>:<AWS::AccountId>:" + resource
 	}
 	base := stack + "/" + id + "/"
+	policy := func(fn string) string { return base + fn + "Role/DefaultPolicy/Resource" }
 	var out []string
-	for _, fn := range []string{"ExitRecorder", "StateChange", "Sweeper"} {
-		policy := base + fn + "Role/DefaultPolicy/Resource"
-		out = append(out,
-			"AwsSolutions-IAM5[Resource::*] "+policy,
-			"AwsSolutions-IAM5[Resource::"+arn("ec2", "instance/*")+"] "+policy)
+	for _, fn := range []struct {
+		id                   string
+		describes, terminate bool
+	}{
+		{"ExitRecorder", false, false},
+		{"StateChange", false, false},
+		{"Sweeper", true, false},
+		{"Reconciler", true, true},
+	} {
+		if fn.describes || inVPC {
+			out = append(out, "AwsSolutions-IAM5[Resource::*] "+policy(fn.id))
+		}
+		if fn.terminate {
+			out = append(out, "AwsSolutions-IAM5[Resource::"+arn("ec2", "instance/*")+"] "+policy(fn.id))
+		}
 	}
 	return append(out,
 		"AwsSolutions-IAM5[Resource::"+arn("logs", "log-group:"+exitLogGroup+":log-stream:*")+"] "+base+"AgentPolicy/Resource",

@@ -1,6 +1,6 @@
 // Package iamcheck inspects a synthesized CloudFormation template for IAM
 // grants that would let anything terminate EC2 instances the Reaper
-// deployment does not own. It works on the template JSON alone, so any
+// deployment does not own, and lists who may terminate at all. It works on the template JSON alone, so any
 // stack's tests can run it (assertions.Template.ToJSON, or a
 // cdk.out/*.template.json file).
 package iamcheck
@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -62,61 +63,8 @@ type Owner struct {
 // and aws:ResourceTag/<ClusterKey> = <Cluster>. Attachments of managed
 // policies it cannot read are reported too.
 func UnguardedTerminations(template map[string]any, owner Owner) []Finding {
-	resources, _ := template["Resources"].(map[string]any)
-	inTemplate := func(v any) bool {
-		m, _ := v.(map[string]any)
-		ref, ok := m["Ref"].(string)
-		if !ok {
-			return false
-		}
-		r, _ := resources[ref].(map[string]any)
-		return r["Type"] == "AWS::IAM::ManagedPolicy"
-	}
 	var out []Finding
-	for _, id := range sortedKeys(resources) {
-		res, _ := resources[id].(map[string]any)
-		props, _ := res["Properties"].(map[string]any)
-		switch res["Type"] {
-		case "AWS::IAM::Policy", "AWS::IAM::ManagedPolicy":
-			out = append(out, checkDocument(id, props["PolicyDocument"], owner)...)
-		case "AWS::IAM::Role", "AWS::IAM::User", "AWS::IAM::Group":
-			policies, _ := props["Policies"].([]any)
-			for _, pol := range policies {
-				pol, _ := pol.(map[string]any)
-				out = append(out, checkDocument(id, pol["PolicyDocument"], owner)...)
-			}
-			arns, _ := props["ManagedPolicyArns"].([]any)
-			for _, arn := range arns {
-				if inTemplate(arn) {
-					continue // checked as its own resource
-				}
-				if name, ok := awsManagedName(arn); !ok || !AllowedManagedPolicies[name] {
-					out = append(out, Finding{Resource: id, Statement: -1,
-						Reason: fmt.Sprintf("attaches managed policy %s, whose grants the template does not show", compact(arn))})
-				}
-			}
-		}
-	}
-	return out
-}
-
-func checkDocument(id string, doc any, owner Owner) []Finding {
-	d, _ := doc.(map[string]any)
-	var statements []any
-	switch s := d["Statement"].(type) {
-	case []any:
-		statements = s
-	case map[string]any:
-		statements = []any{s}
-	default:
-		return []Finding{{Resource: id, Statement: -1, Reason: "policy document without readable statements"}}
-	}
-	var out []Finding
-	for i, s := range statements {
-		st, _ := s.(map[string]any)
-		if st["Effect"] != "Allow" {
-			continue
-		}
+	walk(template, func(id string, i int, st map[string]any, _ []string) {
 		sid, _ := st["Sid"].(string)
 		finding := func(format string, a ...any) {
 			out = append(out, Finding{Resource: id, Statement: i, Sid: sid, Reason: fmt.Sprintf(format, a...)})
@@ -129,8 +77,131 @@ func checkDocument(id string, doc any, owner Owner) []Finding {
 			finding("allows %s without the conditions StringEquals aws:ResourceTag/%s = \"true\" and aws:ResourceTag/%s = %q (Action %s, Condition %s)",
 				TerminateAction, owner.ManagedKey, owner.ClusterKey, owner.Cluster, compact(firstOf(st, "Action", "NotAction")), compact(st["Condition"]))
 		}
-	}
+	}, func(f Finding) { out = append(out, f) })
 	return out
+}
+
+// Grant is a statement that may grant TerminateAction, guarded or not.
+type Grant struct {
+	// Resource, Statement and Sid say where it is, as in Finding.
+	// Statement -1 is an attachment of a managed policy the template does
+	// not show, or a document without readable statements: either may
+	// grant it.
+	Resource  string
+	Statement int
+	Sid       string
+	// Principals are the logical ids of the template's roles, users and
+	// groups it applies to, sorted.
+	Principals []string
+}
+
+func (g Grant) String() string {
+	return Finding{Resource: g.Resource, Statement: g.Statement, Sid: g.Sid,
+		Reason: "may grant " + TerminateAction + " to [" + strings.Join(g.Principals, " ") + "]"}.String()
+}
+
+// TerminateGrants returns every Allow statement in the template's IAM
+// policies that grants ec2:TerminateInstances (by name, by a wildcard or by
+// NotAction), whatever its conditions, or that cannot be evaluated, and
+// every attachment of a managed policy the template does not show (but
+// those AllowedManagedPolicies lists). UnguardedTerminations says whether
+// the grants are confined to the deployment's instances; TerminateGrants
+// says who holds them.
+func TerminateGrants(template map[string]any) []Grant {
+	var out []Grant
+	walk(template, func(id string, i int, st map[string]any, principals []string) {
+		if grants, err := grantsTerminate(st); grants || err != nil {
+			sid, _ := st["Sid"].(string)
+			out = append(out, Grant{Resource: id, Statement: i, Sid: sid, Principals: principals})
+		}
+	}, func(f Finding) {
+		out = append(out, Grant{Resource: f.Resource, Statement: f.Statement, Principals: []string{f.Resource}})
+	})
+	return out
+}
+
+// walk calls statement for every Allow statement of the template's IAM
+// policies, with the principals the policy applies to, and unreadable for
+// what it cannot evaluate: a document without statements, or an
+// attachment of a managed policy outside the template that
+// AllowedManagedPolicies does not list.
+func walk(template map[string]any, statement func(id string, i int, st map[string]any, principals []string), unreadable func(Finding)) {
+	resources, _ := template["Resources"].(map[string]any)
+	ref := func(v any) string {
+		m, _ := v.(map[string]any)
+		id, _ := m["Ref"].(string)
+		return id
+	}
+	inTemplate := func(v any) bool {
+		r, _ := resources[ref(v)].(map[string]any)
+		return r["Type"] == "AWS::IAM::ManagedPolicy"
+	}
+	// attachedBy lists, for each managed policy of the template, the
+	// principals that attach it by reference.
+	attachedBy := map[string][]string{}
+	for _, id := range sortedKeys(resources) {
+		res, _ := resources[id].(map[string]any)
+		props, _ := res["Properties"].(map[string]any)
+		arns, _ := props["ManagedPolicyArns"].([]any)
+		for _, arn := range arns {
+			if inTemplate(arn) {
+				attachedBy[ref(arn)] = append(attachedBy[ref(arn)], id)
+			}
+		}
+	}
+	document := func(id string, doc any, principals []string) {
+		sort.Strings(principals)
+		principals = slices.Compact(principals)
+		d, _ := doc.(map[string]any)
+		var statements []any
+		switch s := d["Statement"].(type) {
+		case []any:
+			statements = s
+		case map[string]any:
+			statements = []any{s}
+		default:
+			unreadable(Finding{Resource: id, Statement: -1, Reason: "policy document without readable statements"})
+			return
+		}
+		for i, s := range statements {
+			if st, _ := s.(map[string]any); st["Effect"] == "Allow" {
+				statement(id, i, st, principals)
+			}
+		}
+	}
+	for _, id := range sortedKeys(resources) {
+		res, _ := resources[id].(map[string]any)
+		props, _ := res["Properties"].(map[string]any)
+		switch res["Type"] {
+		case "AWS::IAM::Policy", "AWS::IAM::ManagedPolicy":
+			principals := append([]string(nil), attachedBy[id]...)
+			for _, key := range []string{"Roles", "Users", "Groups"} {
+				list, _ := props[key].([]any)
+				for _, p := range list {
+					if r := ref(p); r != "" {
+						principals = append(principals, r)
+					}
+				}
+			}
+			document(id, props["PolicyDocument"], principals)
+		case "AWS::IAM::Role", "AWS::IAM::User", "AWS::IAM::Group":
+			policies, _ := props["Policies"].([]any)
+			for _, pol := range policies {
+				pol, _ := pol.(map[string]any)
+				document(id, pol["PolicyDocument"], []string{id})
+			}
+			arns, _ := props["ManagedPolicyArns"].([]any)
+			for _, arn := range arns {
+				if inTemplate(arn) {
+					continue // read as its own resource
+				}
+				if name, ok := awsManagedName(arn); !ok || !AllowedManagedPolicies[name] {
+					unreadable(Finding{Resource: id, Statement: -1,
+						Reason: fmt.Sprintf("attaches managed policy %s, whose grants the template does not show", compact(arn))})
+				}
+			}
+		}
+	}
 }
 
 // grantsTerminate reports whether an Allow statement's Action (or

@@ -109,3 +109,43 @@ func TestRolesManagedPoliciesAndOtherTagKeys(t *testing.T) {
 		t.Fatalf("for another cluster: %v", f)
 	}
 }
+
+func TestTerminateGrants(t *testing.T) {
+	var tmpl map[string]any
+	err := json.Unmarshal([]byte(`{"Resources":{
+		"Reconciler":{"Type":"AWS::IAM::Role","Properties":{}},
+		"Sweeper":{"Type":"AWS::IAM::Role","Properties":{
+			"ManagedPolicyArns":[{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"]]}]}},
+		"Wide":{"Type":"AWS::IAM::Role","Properties":{
+			"Policies":[{"PolicyName":"inline","PolicyDocument":{"Statement":{"Effect":"Allow","Action":"ec2:*","Resource":"*"}}}],
+			"ManagedPolicyArns":["arn:aws:iam::123456789012:policy/outside",{"Ref":"Managed"}]}},
+		"ReconcilerPolicy":{"Type":"AWS::IAM::Policy","Properties":{"Roles":[{"Ref":"Reconciler"}],"PolicyDocument":{"Statement":[
+			{"Effect":"Allow","Action":"ec2:DescribeInstances","Resource":"*"},
+			{"Sid":"Terminate","Effect":"Allow","Action":"ec2:TerminateInstances","Resource":"*",`+guard+`}]}}},
+		"SweeperPolicy":{"Type":"AWS::IAM::Policy","Properties":{"Roles":[{"Ref":"Sweeper"}],"PolicyDocument":{"Statement":[
+			{"Effect":"Allow","Action":"ec2:DescribeInstances","Resource":"*"},
+			{"Effect":"Deny","Action":"ec2:TerminateInstances","Resource":"*"}]}}},
+		"Managed":{"Type":"AWS::IAM::ManagedPolicy","Properties":{"Roles":[{"Ref":"Reconciler"}],"PolicyDocument":{"Statement":[
+			{"Effect":"Allow","NotAction":"s3:*","Resource":"*"}]}}}}}`), &tmpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, g := range TerminateGrants(tmpl) {
+		got = append(got, g.String())
+	}
+	want := []string{
+		"Managed statement 0: may grant ec2:TerminateInstances to [Reconciler Wide]",
+		"ReconcilerPolicy statement 1 (Terminate): may grant ec2:TerminateInstances to [Reconciler]",
+		"Wide statement 0: may grant ec2:TerminateInstances to [Wide]",
+		"Wide: may grant ec2:TerminateInstances to [Wide]",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("grants\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// Guarded or not: the reconciler's grant is guarded, the others are
+	// not.
+	if f := UnguardedTerminations(tmpl, owner); len(f) != 3 {
+		t.Fatalf("unguarded: %v", f)
+	}
+}

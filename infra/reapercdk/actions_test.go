@@ -74,14 +74,37 @@ func operations(service string, actions ...[]string) []string {
 	return out
 }
 
-// TestGrantsMatchCode keeps IAM in step with the code: a new ledger or EC2
-// call fails here until the construct grants it (and nothing more).
+// sqsActions are the IAM actions that authorize the SQS operations the
+// code calls: SendMessageBatch has no action of its own.
+var sqsActions = map[string]string{"SendMessage": "sqs:SendMessage", "SendMessageBatch": "sqs:SendMessage"}
+
+// TestGrantsMatchCode keeps IAM in step with the code: a new ledger, EC2
+// or SQS call fails here until the construct grants it (and nothing more).
 func TestGrantsMatchCode(t *testing.T) {
 	// CreateTable serves `reaper ledger init` on local stacks, not Lambda.
-	if got, want := apiCalls(t, "../../pkg/ledger", "CreateTable"), operations("dynamodb", ledgerActions, sweepTableActions, sweepIndexActions); !slices.Equal(got, want) {
+	if got, want := apiCalls(t, "../../pkg/ledger", "CreateTable"), operations("dynamodb", ledgerActions, batchReadActions, sweepIndexActions); !slices.Equal(got, want) {
 		t.Errorf("pkg/ledger calls %v, the functions are granted %v", got, want)
 	}
 	if got, want := apiCalls(t, "../../pkg/instances"), []string{"DescribeInstances", "TerminateInstances"}; !slices.Equal(got, want) {
 		t.Errorf("pkg/instances calls %v, the functions are granted %v", got, want)
+	}
+	// The producers send; receiving and deleting are the event source
+	// mapping's, on the reconciler's behalf.
+	calls := apiCalls(t, "../../pkg/workqueue")
+	if want := []string{"SendMessageBatch"}; !slices.Equal(calls, want) {
+		t.Errorf("pkg/workqueue calls %v, want %v", calls, want)
+	}
+	var needed []string
+	for _, op := range calls {
+		action, ok := sqsActions[op]
+		if !ok {
+			t.Errorf("pkg/workqueue calls %s, which no grant covers", op)
+			continue
+		}
+		needed = append(needed, action)
+	}
+	slices.Sort(needed)
+	if needed = slices.Compact(needed); !slices.Equal(needed, produceActions) {
+		t.Errorf("pkg/workqueue needs %v, the producers are granted %v", needed, produceActions)
 	}
 }

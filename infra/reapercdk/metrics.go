@@ -64,11 +64,13 @@ func (r *Reaper) metricAlarms() {
 			Period: seconds(alarmPeriod),
 		}), 0)
 
-	// The worst function's p99: percentiles of different functions do not
-	// add up, and any of them may terminate after an exit.
+	// The worst terminating function's p99: percentiles of different
+	// functions do not add up. Only the reconciler terminates today.
 	worst := map[string]awscloudwatch.IMetric{}
 	for _, fn := range functions {
-		worst[fn.name] = r.metric(metrics.FinishToTerminated, fn.name, "p99")
+		if fn.terminates {
+			worst[fn.name] = r.metric(metrics.FinishToTerminated, fn.name, "p99")
+		}
 	}
 	r.alarm("TerminateLatency", fmt.Sprintf("Reaper took over %s (p99) from a container's exit to terminating its instance: instances bill on after their Pod ended", p.TerminateLatencyAlarm),
 		awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
@@ -84,7 +86,7 @@ func (r *Reaper) metricAlarms() {
 
 // dashboard lays out the alarms, then rows of three graphs: the counts of
 // the contract, its latencies, the functions' Lambda metrics and the
-// failure queue.
+// queues.
 func (r *Reaper) dashboard() {
 	p := r.Props
 	alarms := make([]interfacesawscloudwatch.IAlarmRef, len(r.Alarms))
@@ -96,13 +98,9 @@ func (r *Reaper) dashboard() {
 	})}}
 	var counts, latencies []awscloudwatch.IWidget
 	for _, d := range metrics.Definitions {
-		switch {
-		case d.Name == metrics.QueueAge:
-			// Recorded from a work queue, which the stack does not have
-			// yet: that queue's graph will show it (see queueGraph).
-		case d.Unit == metrics.Count:
+		if d.Unit == metrics.Count {
 			counts = append(counts, r.contractGraph(d))
-		default:
+		} else {
 			latencies = append(latencies, r.contractGraph(d))
 		}
 	}
@@ -110,7 +108,7 @@ func (r *Reaper) dashboard() {
 		counts,
 		latencies,
 		r.lambdaGraphs(),
-		{queueGraph("Failure queue: events that failed every retry", r.FailureQueue)},
+		{r.workQueueGraph(), queueGraph("Failure queue: events that failed every retry", r.FailureQueue)},
 	} {
 		for len(group) > 0 {
 			n := min(3, len(group))
@@ -192,8 +190,32 @@ func (r *Reaper) lambdaGraphs() []awscloudwatch.IWidget {
 	}
 }
 
-// queueGraph shows a queue's depth and the age of its oldest message. A
-// work queue's graph will add its consumers' QueueAge.
+// workQueueGraph shows the work queue's depth, what the reconcilers hold,
+// the age of its oldest message and the dead-letter queue's depth. The
+// reconcilers' own QueueAge, in milliseconds, has its graph among the
+// latencies.
+func (r *Reaper) workQueueGraph() awscloudwatch.IWidget {
+	opts := func(label string) *awscloudwatch.MetricOptions {
+		return &awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: seconds(graphPeriod), Label: jsii.String(label)}
+	}
+	return awscloudwatch.NewGraphWidget(&awscloudwatch.GraphWidgetProps{
+		Title: jsii.String("Work queue: instances waiting for the reconciler"),
+		Width: jsii.Number(8),
+		Left: &[]awscloudwatch.IMetric{
+			r.WorkQueue.MetricApproximateNumberOfMessagesVisible(opts("messages visible")),
+			r.WorkQueue.MetricApproximateNumberOfMessagesNotVisible(opts("messages in flight")),
+			r.DeadLetterQueue.MetricApproximateNumberOfMessagesVisible(opts("dead letters visible")),
+		},
+		Right:      &[]awscloudwatch.IMetric{r.WorkQueue.MetricApproximateAgeOfOldestMessage(opts("oldest message age"))},
+		LeftYAxis:  &awscloudwatch.YAxisProps{Min: jsii.Number(0)},
+		RightYAxis: &awscloudwatch.YAxisProps{Min: jsii.Number(0)},
+		RightAnnotations: &[]*awscloudwatch.HorizontalAnnotation{{
+			Value: jsii.Number(r.Props.QueueAgeAlarm.Seconds()), Label: jsii.String("alarm"),
+		}},
+	})
+}
+
+// queueGraph shows a queue's depth and the age of its oldest message.
 func queueGraph(title string, q awssqs.IQueue) awscloudwatch.IWidget {
 	opts := func(label string) *awscloudwatch.MetricOptions {
 		return &awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: seconds(graphPeriod), Label: jsii.String(label)}

@@ -2,6 +2,7 @@ package reapercdk
 
 import (
 	"regexp"
+	"strings"
 
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
@@ -10,7 +11,9 @@ import (
 
 // Why the construct keeps what cdk-nag's AwsSolutions pack reports. Each
 // suppression names one resource and, for IAM5, the one wildcard resource
-// it accepts; the README's "Security review (cdk-nag)" lists them.
+// it accepts; the README's "Security review (cdk-nag)" lists them. The
+// work queue's consumer and producer grants name the queue, and cdk-nag
+// recognizes its dead-letter queue as one (SQS3): nothing to suppress.
 const (
 	reasonDescribeInstances = "ec2:DescribeInstances has no resource-level permissions: it takes only Resource \"*\". " +
 		"It reads; the only EC2 action that changes anything, ec2:TerminateInstances, is granted separately."
@@ -28,14 +31,24 @@ const (
 // concern.
 func (r *Reaper) suppressNagFindings() {
 	p := r.Props
-	for _, fn := range r.Functions() {
+	for i, fn := range r.Functions() {
+		spec := functions[i]
 		policy := fn.Role().Node().FindChild(jsii.String("DefaultPolicy"))
-		star := reasonDescribeInstances
-		if len(p.SubnetIDs) > 0 {
-			star += " " + reasonNetworkInterfaces
+		// Only the grants the function has: a suppression that matches
+		// nothing would hide a later one that should be reviewed.
+		var star []string
+		if spec.describes {
+			star = append(star, reasonDescribeInstances)
 		}
-		suppress(policy, "AwsSolutions-IAM5", star, "Resource::*")
-		suppress(policy, "AwsSolutions-IAM5", reasonTerminate, arnFinding("ec2", "instance/*"))
+		if len(p.SubnetIDs) > 0 {
+			star = append(star, reasonNetworkInterfaces)
+		}
+		if len(star) > 0 {
+			suppress(policy, "AwsSolutions-IAM5", strings.Join(star, " "), "Resource::*")
+		}
+		if spec.terminates {
+			suppress(policy, "AwsSolutions-IAM5", reasonTerminate, arnFinding("ec2", "instance/*"))
+		}
 	}
 	suppress(r.AgentPolicy, "AwsSolutions-IAM5", reasonAgentStreams,
 		arnFinding("logs", "log-group:"+p.ExitLogGroupName+":log-stream:*"))

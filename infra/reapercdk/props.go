@@ -26,7 +26,8 @@ import (
 // default.
 type Props struct {
 	// EKSCluster is the name of the EKS cluster whose Pods Reaper updates.
-	// The functions read its endpoint with eks:DescribeCluster and
+	// The functions that talk to Kubernetes, the sweeper and the
+	// reconciler, read its endpoint with eks:DescribeCluster and
 	// authenticate with an IAM token; the cluster maps their roles to a
 	// Kubernetes group through an access entry (see EKSAccessEntryGroup and
 	// deploy/rbac.yaml).
@@ -35,10 +36,10 @@ type Props struct {
 	// Secrets Manager secret holding a kubeconfig for any other cluster.
 	KubeconfigSecretArn string
 	// EKSAccessEntryGroup, with EKSCluster, creates an EKS access entry for
-	// each function role that maps it to this Kubernetes group (bind it with
-	// deploy/rbac.yaml, whose group is "reaper"). Empty: create none, map
-	// the roles yourself. The cluster's authentication mode must allow API
-	// access entries.
+	// the sweeper's and the reconciler's roles that maps them to this
+	// Kubernetes group (bind it with deploy/rbac.yaml, whose group is
+	// "reaper"). Empty: create none, map the roles yourself. The cluster's
+	// authentication mode must allow API access entries.
 	EKSAccessEntryGroup string
 	// ClusterName names the cluster this deployment serves (REAPER_CLUSTER):
 	// Reaper acts only on instances tagged Tags.Managed=true and
@@ -87,7 +88,8 @@ type Props struct {
 	// MemoryMB is each function's memory (default 256).
 	MemoryMB int
 	// ReservedConcurrency caps each function's concurrency, protecting the
-	// apiserver and the EC2 API from bursts (default 0: unreserved).
+	// apiserver and the EC2 API from bursts (default 0: unreserved). It
+	// must leave the reconciler ReconcilerMaxConcurrency.
 	ReservedConcurrency int
 	// SweepRate is how often the sweeper runs, in whole minutes (default 1m).
 	SweepRate time.Duration
@@ -97,6 +99,36 @@ type Props struct {
 	// IncludeRunning also sends "running" state changes to statechange, for
 	// launch latency figures (default false: only the four end states).
 	IncludeRunning bool
+
+	// The work queue and its consumer, the reconciler (its event source
+	// mapping and pacing).
+	//
+	// MaxReceiveCount is how often the work queue delivers a message the
+	// reconciler reports as failed before it moves it to the dead-letter
+	// queue (default 5; at most 192, the visibility timeouts that fit in
+	// the queue's WorkRetention).
+	MaxReceiveCount int
+	// ReconcilerBatchSize is the most messages, one per instance, a
+	// reconciler invocation receives: larger batches coalesce into fewer
+	// EC2 calls (default 10000, 1 to 10000).
+	ReconcilerBatchSize int
+	// ReconcilerBatchingWindow is how long the event source mapping
+	// gathers messages before it invokes the reconciler with fewer than a
+	// full batch (default 1s, whole seconds from 1s to 5m: SQS needs at
+	// least 1s with a batch size above 10).
+	ReconcilerBatchingWindow time.Duration
+	// ReconcilerMaxConcurrency is the most reconcilers the event source
+	// mapping runs at once (default 2, 2 to 1000); it is also
+	// REAPER_RECONCILER_CONCURRENCY, by which each divides its EC2Share.
+	ReconcilerMaxConcurrency int
+	// EC2Share is the part of each of EC2's API token buckets (the
+	// account's, shared with everything else in it) the reconcilers
+	// together may spend: REAPER_EC2_SHARE (default 0.5, more than 0 and
+	// at most 1).
+	EC2Share float64
+	// QueueAgeAlarm is the age of the work queue's oldest message above
+	// which an alarm fires (default 5m, at least 1m, whole seconds).
+	QueueAgeAlarm time.Duration
 
 	// MetricsNamespace is the CloudWatch namespace the functions record
 	// their metrics under (REAPER_METRICS_NAMESPACE) and the dashboard and
@@ -136,9 +168,24 @@ const (
 	// RetryAttempts is how often Lambda retries a failed asynchronous event
 	// (the maximum): every step is idempotent, so a retry is always safe.
 	RetryAttempts = 2
-	// FailureRetention is how long the failure queue keeps events (the
-	// SQS maximum), time to notice the alarm and replay them.
+	// FailureRetention is how long the failure queue and the work
+	// dead-letter queue keep messages (the SQS maximum), time to notice
+	// the alarm and replay them.
 	FailureRetention = 14 * 24 * time.Hour
+	// WorkRetention is how long the work queue keeps a message: far more
+	// than the default MaxReceiveCount's visibility timeouts (2.5h), so
+	// that failed work moves to the dead-letter queue rather than expire.
+	WorkRetention = 4 * 24 * time.Hour
+
+	DefaultMaxReceiveCount          = 5
+	DefaultReconcilerBatchSize      = 10000
+	DefaultReconcilerBatchingWindow = time.Second
+	DefaultReconcilerMaxConcurrency = 2
+	DefaultEC2Share                 = 0.5
+	// DefaultQueueAgeAlarm: the reconciler takes work within its batching
+	// window; work older than this waits on a reconciler that falls
+	// behind or fails.
+	DefaultQueueAgeAlarm = 5 * time.Minute
 )
 
 // DefaultExitLogGroupName is the exit log group of a cluster's deployment,
@@ -211,6 +258,24 @@ func (p Props) withDefaults() Props {
 	}
 	if p.TerminateLatencyAlarm == 0 {
 		p.TerminateLatencyAlarm = DefaultTerminateLatencyAlarm
+	}
+	if p.MaxReceiveCount == 0 {
+		p.MaxReceiveCount = DefaultMaxReceiveCount
+	}
+	if p.ReconcilerBatchSize == 0 {
+		p.ReconcilerBatchSize = DefaultReconcilerBatchSize
+	}
+	if p.ReconcilerBatchingWindow == 0 {
+		p.ReconcilerBatchingWindow = DefaultReconcilerBatchingWindow
+	}
+	if p.ReconcilerMaxConcurrency == 0 {
+		p.ReconcilerMaxConcurrency = DefaultReconcilerMaxConcurrency
+	}
+	if p.EC2Share == 0 {
+		p.EC2Share = DefaultEC2Share
+	}
+	if p.QueueAgeAlarm == 0 {
+		p.QueueAgeAlarm = DefaultQueueAgeAlarm
 	}
 	return p
 }
@@ -290,6 +355,33 @@ func (p Props) Validate() error {
 	}
 	if p.MaxEventAge < time.Minute || p.MaxEventAge > 6*time.Hour || p.MaxEventAge%time.Second != 0 {
 		bad("MaxEventAge %s: Lambda allows whole seconds from 1m to 6h", p.MaxEventAge)
+	}
+	visibility := WorkQueueVisibilityFactor * ReconcilerTimeout
+	switch n := p.MaxReceiveCount; {
+	case n < 1 || n > 1000:
+		bad("MaxReceiveCount %d: SQS allows 1 to 1000", n)
+	case time.Duration(n)*visibility > WorkRetention:
+		bad("MaxReceiveCount %d: the work queue keeps a message %s, %d receives a visibility timeout (%s) apart at most; more would let failed work expire instead of reaching the dead-letter queue",
+			n, WorkRetention, WorkRetention/visibility, visibility)
+	}
+	if p.ReconcilerBatchSize < 1 || p.ReconcilerBatchSize > 10000 {
+		bad("ReconcilerBatchSize %d: an SQS event source takes 1 to 10000 messages", p.ReconcilerBatchSize)
+	}
+	// Zero is the default, 1s, which also meets SQS's rule that a batch
+	// size above 10 needs a window of at least 1s.
+	if w := p.ReconcilerBatchingWindow; w < time.Second || w > 5*time.Minute || w%time.Second != 0 {
+		bad("ReconcilerBatchingWindow %s: use whole seconds from 1s (an SQS batch size above 10 needs at least 1s) to 5m", w)
+	}
+	if c := p.ReconcilerMaxConcurrency; c < 2 || c > 1000 {
+		bad("ReconcilerMaxConcurrency %d: an SQS event source allows 2 to 1000", c)
+	} else if p.ReservedConcurrency > 0 && p.ReservedConcurrency < c {
+		bad("ReservedConcurrency %d is below ReconcilerMaxConcurrency %d: the event source would be throttled", p.ReservedConcurrency, c)
+	}
+	if s := p.EC2Share; !(s > 0 && s <= 1) {
+		bad("EC2Share %v: the reconcilers' part of EC2's token buckets must be more than 0 and at most 1", s)
+	}
+	if a := p.QueueAgeAlarm; a < time.Minute || a%time.Second != 0 {
+		bad("QueueAgeAlarm %s: SQS reports the oldest message's age each minute; use whole seconds, at least 1m", a)
 	}
 	if (len(p.SubnetIDs) == 0) != (len(p.SecurityGroupIDs) == 0) {
 		bad("set both SubnetIDs and SecurityGroupIDs, or neither")

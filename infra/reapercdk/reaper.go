@@ -1,7 +1,8 @@
-// Package reapercdk is the Reaper CDK construct: the ledger table, the three
-// Lambda functions and their triggers, the exit-line log group, a failure
-// queue, a dashboard and alarms, with least-privilege IAM. Any Go CDK app
-// can add it to a stack:
+// Package reapercdk is the Reaper CDK construct: the ledger table, the four
+// Lambda functions and their triggers, the exit-line log group, the work
+// queue between the functions that find work and the one that does it, a
+// failure queue, a dashboard and alarms, with least-privilege IAM. Any Go
+// CDK app can add it to a stack:
 //
 //	reapercdk.New(stack, "Reaper", &reapercdk.Props{EKSCluster: "prod"})
 package reapercdk
@@ -22,6 +23,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdadestinations"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdaeventsources"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogsdestinations"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
@@ -46,20 +48,70 @@ const StateChangeDetailType = "EC2 Instance State-change Notification"
 // Pod: the states statechange always receives.
 var EndStates = []string{instances.Stopping, instances.Stopped, instances.ShuttingDown, instances.Terminated}
 
-// function describes one of the three Lambdas. Its name is also the value
-// of the Function dimension of the metrics it records.
+// function describes one of the four Lambdas: what it needs, from which
+// its permissions, environment and trigger follow. Its name is also the
+// value of the Function dimension of the metrics it records.
+//
+// exitrecorder, statechange and sweeper find work and send it to the work
+// queue; the reconciler, the queue's only consumer, does it. Only the
+// reconciler may terminate instances, and only it and the sweeper talk to
+// Kubernetes.
 type function struct {
 	name, id, description string
 	timeout               time.Duration
-	// sweeps: the sweeper reads the pending index and batches of records.
+	// ledger: reads and updates records one at a time (GetItem, UpdateItem).
+	ledger bool
+	// batchReads: reads batches of records (BatchGetItem).
+	batchReads bool
+	// sweeps: reads the pending index (Query); it never scans the table.
 	sweeps bool
+	// describes: lists and reads instances (ec2:DescribeInstances).
+	describes bool
+	// terminates: ec2:TerminateInstances, on owned instances only.
+	terminates bool
+	// kube: reads or writes Pods: the access entry, eks:DescribeCluster or
+	// the kubeconfig secret, and the variables that name them.
+	kube bool
+	// produces: sends work to the work queue (sqs:SendMessage).
+	produces bool
+	// consumes: the work queue's event source mapping invokes it,
+	// synchronously. The others are invoked asynchronously, with retries
+	// and the failure queue.
+	consumes bool
 }
 
 var functions = []function{
-	{metrics.FunctionExitRecorder, "ExitRecorder", "Reaper: records container exits, updates Pod status, terminates the instance", time.Minute, false},
-	{metrics.FunctionStateChange, "StateChange", "Reaper: reacts to managed instances stopping or terminating", time.Minute, false},
-	{metrics.FunctionSweeper, "Sweeper", "Reaper: reconciles ledger, managed instances and Pods on a schedule", 5 * time.Minute, true},
+	{
+		name: metrics.FunctionExitRecorder, id: "ExitRecorder", timeout: time.Minute,
+		description: "Reaper: records container exits in the ledger and queues their instances",
+		ledger:      true, produces: true,
+	},
+	{
+		name: metrics.FunctionStateChange, id: "StateChange", timeout: time.Minute,
+		description: "Reaper: queues managed instances that stop or terminate",
+		produces:    true,
+	},
+	{
+		name: metrics.FunctionSweeper, id: "Sweeper", timeout: 5 * time.Minute,
+		description: "Reaper: on a schedule, queues pending work and managed instances without a live Pod",
+		ledger:      true, batchReads: true, sweeps: true, describes: true, kube: true, produces: true,
+	},
+	{
+		name: metrics.FunctionReconciler, id: "Reconciler", timeout: ReconcilerTimeout,
+		description: "Reaper: from the work queue, writes Pods' terminal status and terminates their instances",
+		ledger:      true, batchReads: true, describes: true, terminates: true, kube: true, produces: true, consumes: true,
+	},
 }
+
+// ReconcilerTimeout is the reconciler's timeout; the work queue's
+// visibility timeout is WorkQueueVisibilityFactor times it, as Lambda
+// advises for a queue a function consumes, so that a batch is not
+// delivered again while a reconciler, or Lambda's retry of a throttled
+// batch, still works on it.
+const (
+	ReconcilerTimeout         = 5 * time.Minute
+	WorkQueueVisibilityFactor = 6
+)
 
 // FunctionNames are the functions' names: build/<name>/bootstrap.
 func FunctionNames() []string {
@@ -70,13 +122,17 @@ func FunctionNames() []string {
 	return names
 }
 
-// Ledger item actions the functions use (see pkg/ledger); no table admin.
+// Actions the functions use; no table or queue admin.
 var (
-	ledgerActions = []string{"dynamodb:GetItem", "dynamodb:UpdateItem"}
-	// The sweeper reads the pending index and the records of the managed
-	// instances it checks; it never scans the table.
-	sweepTableActions = []string{"dynamodb:BatchGetItem"}
+	// Ledger item actions (see pkg/ledger).
+	ledgerActions    = []string{"dynamodb:GetItem", "dynamodb:UpdateItem"}
+	batchReadActions = []string{"dynamodb:BatchGetItem"}
+	// The sweeper reads the pending index, never the whole table.
 	sweepIndexActions = []string{"dynamodb:Query"}
+	// produceActions send work (see pkg/workqueue): sqs:SendMessage also
+	// authorizes SendMessageBatch. The reconciler's consumer rights are
+	// its event source mapping's (queue.GrantConsumeMessages).
+	produceActions = []string{"sqs:SendMessage"}
 	// vpcActions let Lambda attach a function in a VPC to its subnets.
 	vpcActions = []string{
 		"ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets",
@@ -96,26 +152,35 @@ type Reaper struct {
 	// AgentPolicy lets a provider's instance role write to ExitLogGroup and
 	// nothing else; attach it to the role of the instances Reaper manages.
 	AgentPolicy awsiam.ManagedPolicy
-	// ExitRecorder, StateChange and Sweeper are the functions.
-	ExitRecorder, StateChange, Sweeper awslambda.Function
+	// ExitRecorder, StateChange and Sweeper find work and queue it; the
+	// Reconciler does it.
+	ExitRecorder, StateChange, Sweeper, Reconciler awslambda.Function
+	// WorkQueue carries one message per instance from the other functions
+	// to the Reconciler, through an event source mapping.
+	WorkQueue awssqs.Queue
+	// DeadLetterQueue holds work the Reconciler failed Props.MaxReceiveCount
+	// times.
+	DeadLetterQueue awssqs.Queue
 	// FailureQueue holds asynchronous events that failed every retry.
 	FailureQueue awssqs.Queue
 	// AlarmTopic receives the alarms; nil when no notification was asked for.
 	AlarmTopic awssns.ITopic
 	// Alarms are the functions' error and throttle alarms, the failure
-	// queue's alarm and the alarms on Reaper's own metrics (rejected lines,
-	// termination latency, orphans).
+	// queue's, the dead-letter queue's and the work queue's age alarms, and
+	// the alarms on Reaper's own metrics (rejected lines, termination
+	// latency, orphans).
 	Alarms []awscloudwatch.Alarm
-	// Dashboard shows Reaper's metrics, the functions' and the failure
-	// queue's, and the alarms.
+	// Dashboard shows Reaper's metrics, the functions' and the queues', and
+	// the alarms.
 	Dashboard awscloudwatch.Dashboard
 	// Props are the settings in effect, defaults filled in.
 	Props Props
 }
 
-// Functions returns the three functions in a fixed order.
+// Functions returns the four functions in a fixed order (that of
+// FunctionNames).
 func (r *Reaper) Functions() []awslambda.Function {
-	return []awslambda.Function{r.ExitRecorder, r.StateChange, r.Sweeper}
+	return []awslambda.Function{r.ExitRecorder, r.StateChange, r.Sweeper, r.Reconciler}
 }
 
 // New adds a Reaper to scope. It panics on invalid props (see Validate).
@@ -160,13 +225,24 @@ func New(scope constructs.Construct, id string, props *Props) *Reaper {
 		EnforceSSL:      jsii.Bool(true),
 		RetentionPeriod: seconds(FailureRetention),
 	})
+	r.workQueue()
 
-	env := r.environment()
 	fns := make([]awslambda.Function, len(functions))
 	for i, spec := range functions {
-		fns[i] = r.function(stack, spec, env)
+		fns[i] = r.function(stack, spec)
 	}
-	r.ExitRecorder, r.StateChange, r.Sweeper = fns[0], fns[1], fns[2]
+	r.ExitRecorder, r.StateChange, r.Sweeper, r.Reconciler = fns[0], fns[1], fns[2], fns[3]
+
+	// The reconciler reports the messages it could not handle
+	// (events.SQSEventResponse): only those come back, after the
+	// visibility timeout, and go to the dead-letter queue after
+	// MaxReceiveCount receives. The source grants the consumer rights.
+	r.Reconciler.AddEventSource(awslambdaeventsources.NewSqsEventSource(r.WorkQueue, &awslambdaeventsources.SqsEventSourceProps{
+		BatchSize:               jsii.Number(p.ReconcilerBatchSize),
+		MaxBatchingWindow:       seconds(p.ReconcilerBatchingWindow),
+		MaxConcurrency:          jsii.Number(p.ReconcilerMaxConcurrency),
+		ReportBatchItemFailures: jsii.Bool(true),
+	}))
 
 	awslogs.NewSubscriptionFilter(r.Construct, jsii.String("ExitSubscription"), &awslogs.SubscriptionFilterProps{
 		LogGroup:      r.ExitLogGroup,
@@ -222,8 +298,30 @@ func (r *Reaper) agentPolicy(stack awscdk.Stack) awsiam.ManagedPolicy {
 	})
 }
 
-// environment is the functions' configuration (see pkg/config).
-func (r *Reaper) environment() map[string]*string {
+// workQueue creates the work queue and its dead-letter queue. Both are
+// unnamed: CloudFormation names them after the stack, so deployments for
+// two clusters in one account never clash.
+func (r *Reaper) workQueue() {
+	p := r.Props
+	r.DeadLetterQueue = awssqs.NewQueue(r.Construct, jsii.String("WorkDeadLetters"), &awssqs.QueueProps{
+		Encryption:      awssqs.QueueEncryption_SQS_MANAGED,
+		EnforceSSL:      jsii.Bool(true),
+		RetentionPeriod: seconds(FailureRetention),
+	})
+	r.WorkQueue = awssqs.NewQueue(r.Construct, jsii.String("Work"), &awssqs.QueueProps{
+		Encryption:        awssqs.QueueEncryption_SQS_MANAGED,
+		EnforceSSL:        jsii.Bool(true),
+		RetentionPeriod:   seconds(WorkRetention),
+		VisibilityTimeout: seconds(WorkQueueVisibilityFactor * ReconcilerTimeout),
+		DeadLetterQueue: &awssqs.DeadLetterQueue{
+			Queue:           r.DeadLetterQueue,
+			MaxReceiveCount: jsii.Number(p.MaxReceiveCount),
+		},
+	})
+}
+
+// environment is a function's configuration (see pkg/config).
+func (r *Reaper) environment(spec function) map[string]*string {
 	p := r.Props
 	env := map[string]*string{
 		"REAPER_TABLE":             r.Table.TableName(),
@@ -237,12 +335,21 @@ func (r *Reaper) environment() map[string]*string {
 		// The Go heap stays under 8 MB; fewer collections while client-go
 		// registers its API types cut cold-start init by about a quarter
 		// (bench/REPORT.md).
-		"GOGC": jsii.String("400"),
+		"GOGC":             jsii.String("400"),
+		"REAPER_QUEUE_URL": r.WorkQueue.QueueUrl(),
 	}
-	if p.EKSCluster != "" {
+	switch {
+	case !spec.kube:
+	case p.EKSCluster != "":
 		env["REAPER_EKS_CLUSTER"] = jsii.String(p.EKSCluster)
-	} else {
+	default:
 		env["REAPER_KUBECONFIG_SECRET"] = jsii.String(p.KubeconfigSecretArn)
+	}
+	if spec.consumes {
+		// Each execution environment paces itself at share/concurrency
+		// of each EC2 token bucket: together they spend at most share.
+		env["REAPER_EC2_SHARE"] = jsii.String(strconv.FormatFloat(p.EC2Share, 'g', -1, 64))
+		env["REAPER_RECONCILER_CONCURRENCY"] = jsii.String(strconv.Itoa(p.ReconcilerMaxConcurrency))
 	}
 	def := instances.DefaultTagKeys()
 	for _, t := range []struct{ name, key, def string }{
@@ -259,9 +366,9 @@ func (r *Reaper) environment() map[string]*string {
 	return env
 }
 
-// function creates one Lambda with its own role, log group and
-// asynchronous invoke configuration.
-func (r *Reaper) function(stack awscdk.Stack, spec function, env map[string]*string) awslambda.Function {
+// function creates one Lambda with its own role and log group and, unless
+// the work queue invokes it, its asynchronous invoke configuration.
+func (r *Reaper) function(stack awscdk.Stack, spec function) awslambda.Function {
 	p := r.Props
 	logs := awslogs.NewLogGroup(r.Construct, jsii.String(spec.id+"Logs"), &awslogs.LogGroupProps{
 		Retention:     p.FunctionLogRetention,
@@ -276,7 +383,7 @@ func (r *Reaper) function(stack awscdk.Stack, spec function, env map[string]*str
 	for _, s := range r.statements(stack, spec, logs) {
 		role.AddToPrincipalPolicy(s)
 	}
-	if p.EKSAccessEntryGroup != "" {
+	if spec.kube && p.EKSAccessEntryGroup != "" {
 		awseks.NewCfnAccessEntry(r.Construct, jsii.String(spec.id+"AccessEntry"), &awseks.CfnAccessEntryProps{
 			ClusterName:      jsii.String(p.EKSCluster),
 			PrincipalArn:     role.RoleArn(),
@@ -289,7 +396,8 @@ func (r *Reaper) function(stack awscdk.Stack, spec function, env map[string]*str
 	if p.ReservedConcurrency > 0 {
 		reserved = jsii.Number(p.ReservedConcurrency)
 	}
-	fn := awslambda.NewFunction(r.Construct, jsii.String(spec.id), &awslambda.FunctionProps{
+	env := r.environment(spec)
+	props := &awslambda.FunctionProps{
 		Description:                  jsii.String(spec.description),
 		Runtime:                      awslambda.Runtime_PROVIDED_AL2023(),
 		Architecture:                 awslambda.Architecture_ARM_64(),
@@ -305,10 +413,13 @@ func (r *Reaper) function(stack awscdk.Stack, spec function, env map[string]*str
 		ApplicationLogLevelV2:        applicationLogLevel(p.LogLevel),
 		// INFO keeps the REPORT lines: duration and memory per invocation.
 		SystemLogLevelV2: awslambda.SystemLogLevel_INFO,
-		RetryAttempts:    jsii.Number(RetryAttempts),
-		MaxEventAge:      seconds(p.MaxEventAge),
-		OnFailure:        awslambdadestinations.NewSqsDestination(r.FailureQueue),
-	})
+	}
+	if !spec.consumes {
+		props.RetryAttempts = jsii.Number(RetryAttempts)
+		props.MaxEventAge = seconds(p.MaxEventAge)
+		props.OnFailure = awslambdadestinations.NewSqsDestination(r.FailureQueue)
+	}
+	fn := awslambda.NewFunction(r.Construct, jsii.String(spec.id), props)
 	if len(p.SubnetIDs) > 0 {
 		// Plain ids rather than an IVpc: the app takes them from context
 		// without a VPC lookup (which would need credentials at synth).
@@ -321,7 +432,8 @@ func (r *Reaper) function(stack awscdk.Stack, spec function, env map[string]*str
 }
 
 // statements are the function's permissions beyond the failure queue,
-// which its OnFailure destination grants.
+// which its OnFailure destination grants, and the work queue's consumer
+// rights, which the reconciler's event source grants.
 func (r *Reaper) statements(stack awscdk.Stack, spec function, logs awslogs.LogGroup) []awsiam.PolicyStatement {
 	p := r.Props
 	st := func(sid string, actions []string, resources ...*string) awsiam.PolicyStatement {
@@ -347,15 +459,25 @@ func (r *Reaper) statements(stack awscdk.Stack, spec function, logs awslogs.LogG
 	})
 	out := []awsiam.PolicyStatement{
 		st("Logs", []string{"logs:CreateLogStream", "logs:PutLogEvents"}, logs.LogGroupArn()),
-		st("Ledger", ledgerActions, r.Table.TableArn()),
-		// DescribeInstances has no resource-level permissions.
-		st("DescribeInstances", []string{"ec2:DescribeInstances"}, jsii.String("*")),
-		terminate,
+	}
+	if spec.ledger {
+		out = append(out, st("Ledger", ledgerActions, r.Table.TableArn()))
+	}
+	if spec.batchReads {
+		out = append(out, st("BatchReadLedger", batchReadActions, r.Table.TableArn()))
 	}
 	if spec.sweeps {
-		out = append(out,
-			st("SweepLedger", sweepTableActions, r.Table.TableArn()),
-			st("SweepPending", sweepIndexActions, jsii.String(*r.Table.TableArn()+"/index/"+ledger.PendingIndex)))
+		out = append(out, st("SweepPending", sweepIndexActions, jsii.String(*r.Table.TableArn()+"/index/"+ledger.PendingIndex)))
+	}
+	if spec.describes {
+		// DescribeInstances has no resource-level permissions.
+		out = append(out, st("DescribeInstances", []string{"ec2:DescribeInstances"}, jsii.String("*")))
+	}
+	if spec.terminates {
+		out = append(out, terminate)
+	}
+	if spec.produces {
+		out = append(out, st("SendWork", produceActions, r.WorkQueue.QueueArn()))
 	}
 	if len(p.SubnetIDs) > 0 {
 		// What AWSLambdaVPCAccessExecutionRole grants but its logs:* on
@@ -365,11 +487,13 @@ func (r *Reaper) statements(stack awscdk.Stack, spec function, logs awslogs.LogG
 		// only on "*"; the network interfaces' ids are not known before.
 		out = append(out, st("NetworkInterfaces", vpcActions, jsii.String("*")))
 	}
-	if p.EKSCluster != "" {
+	switch {
+	case !spec.kube:
+	case p.EKSCluster != "":
 		out = append(out, st("DescribeCluster", []string{"eks:DescribeCluster"}, stack.FormatArn(&awscdk.ArnComponents{
 			Service: jsii.String("eks"), Resource: jsii.String("cluster"), ResourceName: jsii.String(p.EKSCluster),
 		})))
-	} else {
+	default:
 		out = append(out, st("ReadKubeconfig", []string{"secretsmanager:GetSecretValue"}, jsii.String(p.KubeconfigSecretArn)))
 	}
 	return out
@@ -386,8 +510,9 @@ func (r *Reaper) target(fn awslambda.Function) awsevents.IRuleTarget {
 	})
 }
 
-// alarms: any function error or throttle, and any event in the failure
-// queue, is worth a look; missing data (no invocations) is fine. The
+// alarms: any function error or throttle, any event in the failure queue
+// or the dead-letter queue, and work older than QueueAgeAlarm in the work
+// queue are worth a look; missing data (no invocations) is fine. The
 // alarms on Reaper's own metrics are metricAlarms'.
 func (r *Reaper) alarms() {
 	p := r.Props
@@ -407,13 +532,22 @@ func (r *Reaper) alarms() {
 	sum := &awscloudwatch.MetricOptions{Period: seconds(alarmPeriod), Statistic: jsii.String("Sum")}
 	for i, fn := range r.Functions() {
 		spec := functions[i]
-		r.alarm(spec.id+"Errors", "Reaper "+spec.name+" failed an invocation (it will be retried; see its logs)", fn.MetricErrors(sum), 0)
+		retried := "it will be retried"
+		if spec.consumes {
+			retried = "SQS delivers its batch again after the visibility timeout"
+		}
+		r.alarm(spec.id+"Errors", "Reaper "+spec.name+" failed an invocation ("+retried+"; see its logs)", fn.MetricErrors(sum), 0)
 		r.alarm(spec.id+"Throttles", "Reaper "+spec.name+" was throttled (raise ReservedConcurrency or the account limit)", fn.MetricThrottles(sum), 0)
 	}
+	maximum := &awscloudwatch.MetricOptions{Period: seconds(alarmPeriod), Statistic: jsii.String("Maximum")}
 	r.alarm("FailuresVisible", "Reaper events failed every retry and wait in the failure queue: inspect and replay them",
-		r.FailureQueue.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
-			Period: seconds(alarmPeriod), Statistic: jsii.String("Maximum"),
-		}), 0)
+		r.FailureQueue.MetricApproximateNumberOfMessagesVisible(maximum), 0)
+	r.alarm("DeadLettersVisible", fmt.Sprintf("Reaper work failed %d receives and waits in the work dead-letter queue: "+
+		"its Pods may lack a terminal status and its instances may bill on; see the reconciler's logs, then redrive the queue", p.MaxReceiveCount),
+		r.DeadLetterQueue.MetricApproximateNumberOfMessagesVisible(maximum), 0)
+	r.alarm("WorkQueueAge", fmt.Sprintf("Reaper work waited over %s in the work queue: the reconciler falls behind "+
+		"(throttled, failing, or paced by its EC2 share); see its errors, throttles and EC2PacingWait", p.QueueAgeAlarm),
+		r.WorkQueue.MetricApproximateAgeOfOldestMessage(maximum), p.QueueAgeAlarm.Seconds())
 }
 
 // alarmPeriod is the period every alarm evaluates, once.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -109,28 +110,77 @@ func TestLedgerTable(t *testing.T) {
 	}
 }
 
-// fn finds a function by its construct id (ExitRecorder, StateChange,
-// Sweeper).
-func fn(t *testing.T, m map[string]any, id string) (string, map[string]any) {
+// functionIDs are the functions' construct ids, in the order of
+// reapercdk.FunctionNames.
+var functionIDs = []string{"ExitRecorder", "StateChange", "Sweeper", "Reconciler"}
+
+// byID finds the resource of a type whose construct id under the Reaper is
+// id: its logical id is "Reaper", id and an 8-digit hash.
+func byID(t *testing.T, m map[string]any, typ, id string) (string, map[string]any) {
 	t.Helper()
-	for logical, r := range cdktest.Resources(m, "AWS::Lambda::Function") {
-		if strings.HasPrefix(logical, "Reaper"+id) {
+	want := regexp.MustCompile(`^Reaper` + id + `[0-9A-F]{8}$`)
+	for logical, r := range cdktest.Resources(m, typ) {
+		if want.MatchString(logical) {
 			return logical, r
 		}
 	}
-	t.Fatalf("no function %s", id)
+	t.Fatalf("no %s %s", typ, id)
 	return "", nil
+}
+
+// fn finds a function by its construct id (see functionIDs).
+func fn(t *testing.T, m map[string]any, id string) (string, map[string]any) {
+	t.Helper()
+	return byID(t, m, "AWS::Lambda::Function", id)
+}
+
+// queue finds a queue by its construct id: Work, WorkDeadLetters or
+// Failures.
+func queue(t *testing.T, m map[string]any, id string) (string, map[string]any) {
+	t.Helper()
+	return byID(t, m, "AWS::SQS::Queue", id)
+}
+
+// roleOf is the logical id of a function's role.
+func roleOf(t *testing.T, m map[string]any, id string) string {
+	t.Helper()
+	_, f := fn(t, m, id)
+	return cdktest.Props(f)["Role"].(map[string]any)["Fn::GetAtt"].([]any)[0].(string)
 }
 
 func getAtt(id, attr string) map[string]any { return map[string]any{"Fn::GetAtt": []any{id, attr}} }
 
 func TestFunctions(t *testing.T) {
 	tmpl, m := defaults(t)
-	if n := len(cdktest.Resources(m, "AWS::Lambda::Function")); n != 3 {
-		t.Fatalf("%d functions, want 3", n)
+	if n := len(cdktest.Resources(m, "AWS::Lambda::Function")); n != 4 {
+		t.Fatalf("%d functions, want 4", n)
+	}
+	if got := reapercdk.FunctionNames(); !slices.Equal(got, []string{"exitrecorder", "statechange", "sweeper", "reconciler"}) {
+		t.Errorf("FunctionNames %v", got)
 	}
 	tableID, _ := cdktest.Only(t, m, "AWS::DynamoDB::Table")
-	for id, timeout := range map[string]float64{"ExitRecorder": 60, "StateChange": 60, "Sweeper": 300} {
+	workID, _ := queue(t, m, "Work")
+	for id, timeout := range map[string]float64{"ExitRecorder": 60, "StateChange": 60, "Sweeper": 300, "Reconciler": 300} {
+		env := map[string]any{
+			"REAPER_TABLE":             map[string]any{"Ref": tableID},
+			"REAPER_CLUSTER":           "demo",
+			"REAPER_EXIT_WAIT":         "3m0s",
+			"REAPER_ORPHAN_GRACE":      "15m0s",
+			"REAPER_TERMINATE_STOPPED": "true",
+			"REAPER_DRY_RUN":           "false",
+			"REAPER_LOG_LEVEL":         "info",
+			"REAPER_METRICS_NAMESPACE": "Reaper/demo",
+			"REAPER_QUEUE_URL":         map[string]any{"Ref": workID},
+			"GOGC":                     "400",
+		}
+		// Only the functions that talk to Kubernetes learn how.
+		if id == "Sweeper" || id == "Reconciler" {
+			env["REAPER_EKS_CLUSTER"] = "demo"
+		}
+		if id == "Reconciler" {
+			env["REAPER_EC2_SHARE"] = "0.5"
+			env["REAPER_RECONCILER_CONCURRENCY"] = "2"
+		}
 		cdktest.Must(t, func() {
 			tmpl.HasResource(jsii.String("AWS::Lambda::Function"), map[string]any{
 				"Properties": map[string]any{
@@ -143,18 +193,7 @@ func TestFunctions(t *testing.T) {
 						"LogFormat": "JSON", "ApplicationLogLevel": "INFO", "SystemLogLevel": "INFO",
 						"LogGroup": assertions.Match_ObjectLike(&map[string]any{"Ref": assertions.Match_StringLikeRegexp(jsii.String("^Reaper" + id + "Logs"))}),
 					},
-					"Environment": map[string]any{"Variables": map[string]any{
-						"REAPER_TABLE":             map[string]any{"Ref": tableID},
-						"REAPER_CLUSTER":           "demo",
-						"REAPER_EKS_CLUSTER":       "demo",
-						"REAPER_EXIT_WAIT":         "3m0s",
-						"REAPER_ORPHAN_GRACE":      "15m0s",
-						"REAPER_TERMINATE_STOPPED": "true",
-						"REAPER_DRY_RUN":           "false",
-						"REAPER_LOG_LEVEL":         "info",
-						"REAPER_METRICS_NAMESPACE": "Reaper/demo",
-						"GOGC":                     "400",
-					}},
+					"Environment":                  map[string]any{"Variables": env},
 					"ReservedConcurrentExecutions": assertions.Match_Absent(),
 					"VpcConfig":                    assertions.Match_Absent(),
 				},
@@ -162,44 +201,70 @@ func TestFunctions(t *testing.T) {
 		})
 	}
 	// Every function has its own log group with a retention.
-	if n := len(cdktest.Resources(m, "AWS::Logs::LogGroup")); n != 4 {
-		t.Errorf("%d log groups, want 4 (exit lines + one per function)", n)
+	if n := len(cdktest.Resources(m, "AWS::Logs::LogGroup")); n != 5 {
+		t.Errorf("%d log groups, want 5 (exit lines + one per function)", n)
 	}
 	has(t, tmpl, "AWS::Logs::LogGroup", map[string]any{"RetentionInDays": 30, "LogGroupName": assertions.Match_Absent()})
 }
 
 // TestEnvironmentIsValidConfig feeds each function's environment to the
-// handlers' own configuration parser.
+// handlers' own configuration parser. The functions that do not talk to
+// Kubernetes get no access to it: they are read with a stand-in KUBECONFIG,
+// which they never use.
 func TestEnvironmentIsValidConfig(t *testing.T) {
 	_, m := defaults(t)
-	for _, r := range cdktest.Resources(m, "AWS::Lambda::Function") {
-		vars := cdktest.Props(r)["Environment"].(map[string]any)["Variables"].(map[string]any)
+	for _, id := range functionIDs {
+		_, f := fn(t, m, id)
+		vars := cdktest.Props(f)["Environment"].(map[string]any)["Variables"].(map[string]any)
+		kube := vars["REAPER_EKS_CLUSTER"] != nil || vars["REAPER_KUBECONFIG_SECRET"] != nil
+		if want := id == "Sweeper" || id == "Reconciler"; kube != want {
+			t.Errorf("%s: Kubernetes access in its environment %v, want %v", id, kube, want)
+		}
 		cfg, err := config.FromEnv(func(name string) string {
 			switch v := vars[name].(type) {
 			case string:
 				return v
 			case nil:
+				if name == "KUBECONFIG" && !kube {
+					return "/nonexistent/kubeconfig"
+				}
 				return ""
 			default: // a reference CloudFormation resolves
 				return "resolved-" + name
 			}
 		})
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", id, err)
 		}
 		if cfg.ExitWait != config.DefaultExitWait || cfg.OrphanGrace != config.DefaultOrphanGrace || !cfg.TerminateStopped ||
-			cfg.DryRun || cfg.Cluster != "demo" || cfg.Kube.EKSCluster != "demo" || cfg.Tags != instances.DefaultTagKeys() {
-			t.Fatalf("config %+v", cfg)
+			cfg.DryRun || cfg.Cluster != "demo" || (kube && cfg.Kube.EKSCluster != "demo") || cfg.Tags != instances.DefaultTagKeys() {
+			t.Fatalf("%s: config %+v", id, cfg)
 		}
 	}
 }
 
 func TestAsyncInvokeAndFailureQueue(t *testing.T) {
 	tmpl, m := defaults(t)
-	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
-	has(t, tmpl, "AWS::SQS::Queue", map[string]any{"SqsManagedSseEnabled": true, "MessageRetentionPeriod": 14 * 24 * 3600})
-	if n := len(cdktest.Resources(m, "AWS::Lambda::EventInvokeConfig")); n != 3 {
-		t.Fatalf("%d invoke configs, want 3", n)
+	queueID, failures := queue(t, m, "Failures")
+	if p := cdktest.Props(failures); p["SqsManagedSseEnabled"] != true || p["MessageRetentionPeriod"] != float64(14*24*3600) || p["RedrivePolicy"] != nil {
+		t.Errorf("failure queue %v", p)
+	}
+	// The functions Lambda invokes asynchronously; the work queue's event
+	// source mapping invokes the reconciler, which has no invoke config.
+	configs := cdktest.Resources(m, "AWS::Lambda::EventInvokeConfig")
+	var configured []string
+	for _, c := range configs {
+		configured = append(configured, compact(cdktest.Props(c)["FunctionName"]))
+	}
+	sort.Strings(configured)
+	var want []string
+	for _, id := range []string{"ExitRecorder", "StateChange", "Sweeper"} {
+		logical, _ := fn(t, m, id)
+		want = append(want, compact(map[string]any{"Ref": logical}))
+	}
+	sort.Strings(want)
+	if !slices.Equal(configured, want) {
+		t.Fatalf("invoke configs for %v, want %v", configured, want)
 	}
 	cdktest.Must(t, func() {
 		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{
@@ -209,10 +274,68 @@ func TestAsyncInvokeAndFailureQueue(t *testing.T) {
 		})
 	})
 	// The queue refuses plain HTTP and accepts EventBridge's dead letters.
-	has(t, tmpl, "AWS::SQS::QueuePolicy", map[string]any{"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{
-		assertions.Match_ObjectLike(&map[string]any{"Effect": "Deny", "Condition": map[string]any{"Bool": map[string]any{"aws:SecureTransport": "false"}}}),
-		assertions.Match_ObjectLike(&map[string]any{"Effect": "Allow", "Action": "sqs:SendMessage", "Principal": map[string]any{"Service": "events.amazonaws.com"}}),
-	})}})
+	has(t, tmpl, "AWS::SQS::QueuePolicy", map[string]any{
+		"Queues": []any{map[string]any{"Ref": queueID}},
+		"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{
+			assertions.Match_ObjectLike(&map[string]any{"Effect": "Deny", "Condition": map[string]any{"Bool": map[string]any{"aws:SecureTransport": "false"}}}),
+			assertions.Match_ObjectLike(&map[string]any{"Effect": "Allow", "Action": "sqs:SendMessage", "Principal": map[string]any{"Service": "events.amazonaws.com"}}),
+		})},
+	})
+}
+
+// TestWorkQueue checks the queue between the functions that find work and
+// the reconciler: encrypted, TLS only, unnamed, a visibility timeout six
+// times the reconciler's, a dead-letter queue after MaxReceiveCount
+// receives, and the event source mapping that feeds the reconciler.
+func TestWorkQueue(t *testing.T) {
+	tmpl, m := defaults(t)
+	if n := len(cdktest.Resources(m, "AWS::SQS::Queue")); n != 3 {
+		t.Fatalf("%d queues, want 3 (work, its dead letters, failures)", n)
+	}
+	workID, work := queue(t, m, "Work")
+	dlqID, dlq := queue(t, m, "WorkDeadLetters")
+	_, reconciler := fn(t, m, "Reconciler")
+	timeout := cdktest.Props(reconciler)["Timeout"].(float64)
+	if timeout != reapercdk.ReconcilerTimeout.Seconds() {
+		t.Errorf("reconciler timeout %v", timeout)
+	}
+	want := map[string]any{
+		"SqsManagedSseEnabled":   true,
+		"MessageRetentionPeriod": float64(4 * 24 * 3600),
+		"VisibilityTimeout":      6 * timeout,
+		"RedrivePolicy":          map[string]any{"deadLetterTargetArn": getAtt(dlqID, "Arn"), "maxReceiveCount": 5.0},
+	}
+	if got := cdktest.Props(work); !reflect.DeepEqual(got, want) {
+		t.Errorf("work queue\n got %s\nwant %s", compact(got), compact(want))
+	}
+	want = map[string]any{"SqsManagedSseEnabled": true, "MessageRetentionPeriod": float64(14 * 24 * 3600)}
+	if got := cdktest.Props(dlq); !reflect.DeepEqual(got, want) {
+		t.Errorf("dead-letter queue\n got %s\nwant %s", compact(got), compact(want))
+	}
+	for _, id := range []string{workID, dlqID} {
+		has(t, tmpl, "AWS::SQS::QueuePolicy", map[string]any{
+			"Queues": []any{map[string]any{"Ref": id}},
+			"PolicyDocument": map[string]any{"Statement": []any{map[string]any{
+				"Effect": "Deny", "Action": "sqs:*", "Principal": map[string]any{"AWS": "*"},
+				"Condition": map[string]any{"Bool": map[string]any{"aws:SecureTransport": "false"}},
+				"Resource":  getAtt(id, "Arn"),
+			}}, "Version": "2012-10-17"},
+		})
+	}
+
+	reconcilerID, _ := fn(t, m, "Reconciler")
+	_, esm := cdktest.Only(t, m, "AWS::Lambda::EventSourceMapping")
+	want = map[string]any{
+		"FunctionName":                   map[string]any{"Ref": reconcilerID},
+		"EventSourceArn":                 getAtt(workID, "Arn"),
+		"BatchSize":                      10000.0,
+		"MaximumBatchingWindowInSeconds": 1.0,
+		"ScalingConfig":                  map[string]any{"MaximumConcurrency": 2.0},
+		"FunctionResponseTypes":          []any{"ReportBatchItemFailures"},
+	}
+	if got := cdktest.Props(esm); !reflect.DeepEqual(got, want) {
+		t.Errorf("event source mapping\n got %s\nwant %s", compact(got), compact(want))
+	}
 }
 
 func TestTriggers(t *testing.T) {
@@ -220,7 +343,7 @@ func TestTriggers(t *testing.T) {
 	exitRecorder, _ := fn(t, m, "ExitRecorder")
 	stateChange, _ := fn(t, m, "StateChange")
 	sweeper, _ := fn(t, m, "Sweeper")
-	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
+	queueID, _ := queue(t, m, "Failures")
 	exitGroup := ""
 	for id, r := range cdktest.Resources(m, "AWS::Logs::LogGroup") {
 		if cdktest.Props(r)["LogGroupName"] == "/reaper/demo/exits" {
@@ -265,10 +388,10 @@ func TestTriggers(t *testing.T) {
 
 func TestAlarms(t *testing.T) {
 	tmpl, m := defaults(t)
-	if n := len(cdktest.Resources(m, "AWS::CloudWatch::Alarm")); n != 10 {
-		t.Fatalf("%d alarms, want 10 (errors and throttles per function, failure queue, rejected lines, terminate latency, orphans)", n)
+	if n := len(cdktest.Resources(m, "AWS::CloudWatch::Alarm")); n != 14 {
+		t.Fatalf("%d alarms, want 14 (errors and throttles per function, failure queue, dead letters, work queue age, rejected lines, terminate latency, orphans)", n)
 	}
-	for _, id := range []string{"ExitRecorder", "StateChange", "Sweeper"} {
+	for _, id := range functionIDs {
 		logical, _ := fn(t, m, id)
 		for _, metric := range []string{"Errors", "Throttles"} {
 			has(t, tmpl, "AWS::CloudWatch::Alarm", map[string]any{
@@ -279,12 +402,24 @@ func TestAlarms(t *testing.T) {
 			})
 		}
 	}
-	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
-	has(t, tmpl, "AWS::CloudWatch::Alarm", map[string]any{
-		"Namespace": "AWS/SQS", "MetricName": "ApproximateNumberOfMessagesVisible", "Statistic": "Maximum",
-		"Dimensions":         []any{map[string]any{"Name": "QueueName", "Value": getAtt(queueID, "QueueName")}},
-		"ComparisonOperator": "GreaterThanThreshold", "Threshold": 0,
-	})
+	// Any message in the failure queue or the work dead-letter queue, and
+	// work older than QueueAgeAlarm (in seconds, as SQS reports it).
+	for _, q := range []struct {
+		id, metric string
+		threshold  float64
+	}{
+		{"Failures", "ApproximateNumberOfMessagesVisible", 0},
+		{"WorkDeadLetters", "ApproximateNumberOfMessagesVisible", 0},
+		{"Work", "ApproximateAgeOfOldestMessage", 300},
+	} {
+		queueID, _ := queue(t, m, q.id)
+		has(t, tmpl, "AWS::CloudWatch::Alarm", map[string]any{
+			"Namespace": "AWS/SQS", "MetricName": q.metric, "Statistic": "Maximum", "Period": 300,
+			"Dimensions":         []any{map[string]any{"Name": "QueueName", "Value": getAtt(queueID, "QueueName")}},
+			"ComparisonOperator": "GreaterThanThreshold", "Threshold": q.threshold, "EvaluationPeriods": 1,
+			"TreatMissingData": "notBreaching", "AlarmActions": assertions.Match_Absent(),
+		})
+	}
 	if n := len(cdktest.Resources(m, "AWS::SNS::Topic")); n != 0 {
 		t.Errorf("%d topics without an alarm email or topic", n)
 	}
@@ -306,7 +441,8 @@ func TestAlarms(t *testing.T) {
 		}},
 		"Threshold": 0,
 	}))
-	// The worst function's p99 of container finish to terminate.
+	// The p99 of container finish to terminate of the one function that
+	// terminates.
 	p99 := func(function string) map[string]any {
 		return map[string]any{"Id": function, "ReturnData": false, "MetricStat": map[string]any{
 			"Metric": map[string]any{
@@ -319,7 +455,7 @@ func TestAlarms(t *testing.T) {
 	has(t, tmpl, "AWS::CloudWatch::Alarm", once(map[string]any{
 		"Metrics": []any{
 			map[string]any{"Expression": "MAX(METRICS())", "ReturnData": true},
-			p99("exitrecorder"), p99("statechange"), p99("sweeper"),
+			p99("reconciler"),
 		},
 		"Threshold": 120000,
 	}))
@@ -385,11 +521,13 @@ func TestDashboard(t *testing.T) {
 		"Alarms",
 		"ExitsRecorded: Exit lines recorded", "LinesRejected: Exit lines rejected, by reason", "PodsFinalized: Pods finalized, by outcome",
 		"InstancesTerminated: Instances terminated after their Pod", "OrphansTerminated: Orphan instances terminated", "OrphansFound: Orphan instances found (missed by events)",
-		"WorkItemsRetried: Work items retried",
+		"WorkItemsRetried: Work items retried", "WorkItemsQueued: Instances handed to the work queue", "WorkItemsDeferred: Instances deferred by EC2 pacing",
+		"WorkItemsFailed: Instances returned to the queue as failures",
 		"FinishToRecorded: Container finish to ledger record", "FinishToPodTerminal: Container finish to Pod terminal status",
 		"FinishToTerminated: Container finish to TerminateInstances accepted",
+		"QueueAge: Work item age when taken from the queue", "EC2PacingWait: Reconciler wait for EC2 tokens",
 		"Lambda errors", "Lambda throttles", "Lambda duration",
-		"Failure queue: events that failed every retry",
+		"Work queue: instances waiting for the reconciler", "Failure queue: events that failed every retry",
 	}
 	if !slices.Equal(titles, want) {
 		t.Fatalf("widgets\n got %q\nwant %q", titles, want)
@@ -400,6 +538,9 @@ func TestDashboard(t *testing.T) {
 	search := func(keys, metric, stat string) string {
 		return compact(fmt.Sprintf(`SEARCH('{"Reaper/demo",%s} MetricName="%s"', '%s', 300)`, keys, metric, stat))
 	}
+	latency := func(metric string) []string {
+		return []string{search("Function", metric, "p50"), search("Function", metric, "p99")}
+	}
 	for title, exprs := range map[string][]string{
 		want[1]:  {search("Function", "ExitsRecorded", "Sum")},
 		want[2]:  {search("Function,Reason", "LinesRejected", "Sum")},
@@ -408,9 +549,14 @@ func TestDashboard(t *testing.T) {
 		want[5]:  {search("Function", "OrphansTerminated", "Sum")},
 		want[6]:  {search("Function", "OrphansFound", "Sum")},
 		want[7]:  {search("Function", "WorkItemsRetried", "Sum")},
-		want[8]:  {search("Function", "FinishToRecorded", "p50"), search("Function", "FinishToRecorded", "p99")},
-		want[9]:  {search("Function", "FinishToPodTerminal", "p50"), search("Function", "FinishToPodTerminal", "p99")},
-		want[10]: {search("Function", "FinishToTerminated", "p50"), search("Function", "FinishToTerminated", "p99")},
+		want[8]:  {search("Function", "WorkItemsQueued", "Sum")},
+		want[9]:  {search("Function", "WorkItemsDeferred", "Sum")},
+		want[10]: {search("Function", "WorkItemsFailed", "Sum")},
+		want[11]: latency("FinishToRecorded"),
+		want[12]: latency("FinishToPodTerminal"),
+		want[13]: latency("FinishToTerminated"),
+		want[14]: latency("QueueAge"),
+		want[15]: latency("EC2PacingWait"),
 	} {
 		for _, e := range exprs {
 			if !strings.Contains(graphs[title], `"expression":`+e) {
@@ -418,17 +564,11 @@ func TestDashboard(t *testing.T) {
 			}
 		}
 	}
-	if g := graphs[want[10]]; !strings.Contains(g, `"annotations":{"horizontal":[{"label":"alarm (p99)","value":120000,"yAxis":"left"}]}`) {
+	if g := graphs[want[13]]; !strings.Contains(g, `"annotations":{"horizontal":[{"label":"alarm (p99)","value":120000,"yAxis":"left"}]}`) {
 		t.Errorf("terminate latency graph without the alarm's threshold: %s", g)
 	}
-	// No work queue, so no queue age.
-	for _, g := range graphs {
-		if strings.Contains(g, "QueueAge") {
-			t.Errorf("a graph shows QueueAge without a work queue: %s", g)
-		}
-	}
 
-	for _, id := range []string{"ExitRecorder", "StateChange", "Sweeper"} {
+	for _, id := range functionIDs {
 		logical, _ := fn(t, m, id)
 		name := strings.ToLower(id)
 		for title, metric := range map[string]string{
@@ -441,13 +581,33 @@ func TestDashboard(t *testing.T) {
 			}
 		}
 	}
-	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
-	for _, metric := range []string{
-		`["AWS/SQS","ApproximateNumberOfMessagesVisible","QueueName","<` + queueID + `.QueueName>",{"label":"messages visible","stat":"Maximum"}]`,
-		`["AWS/SQS","ApproximateAgeOfOldestMessage","QueueName","<` + queueID + `.QueueName>",{"label":"oldest message age","stat":"Maximum","yAxis":"right"}]`,
+	sqs := func(queueID, metric, label string, right bool) string {
+		axis := ""
+		if right {
+			axis = `,"yAxis":"right"`
+		}
+		return `["AWS/SQS","` + metric + `","QueueName","<` + queueID + `.QueueName>",{"label":"` + label + `","stat":"Maximum"` + axis + `}]`
+	}
+	workID, _ := queue(t, m, "Work")
+	dlqID, _ := queue(t, m, "WorkDeadLetters")
+	failuresID, _ := queue(t, m, "Failures")
+	for title, metrics := range map[string][]string{
+		want[19]: {
+			sqs(workID, "ApproximateNumberOfMessagesVisible", "messages visible", false),
+			sqs(workID, "ApproximateNumberOfMessagesNotVisible", "messages in flight", false),
+			sqs(dlqID, "ApproximateNumberOfMessagesVisible", "dead letters visible", false),
+			sqs(workID, "ApproximateAgeOfOldestMessage", "oldest message age", true),
+			`"annotations":{"horizontal":[{"label":"alarm","value":300,"yAxis":"right"}]}`,
+		},
+		want[20]: {
+			sqs(failuresID, "ApproximateNumberOfMessagesVisible", "messages visible", false),
+			sqs(failuresID, "ApproximateAgeOfOldestMessage", "oldest message age", true),
+		},
 	} {
-		if g := graphs[want[14]]; !strings.Contains(g, metric) {
-			t.Errorf("failure queue: no %s in %s", metric, g)
+		for _, metric := range metrics {
+			if g := graphs[title]; !strings.Contains(g, metric) {
+				t.Errorf("%s: no %s in %s", title, metric, g)
+			}
 		}
 	}
 
@@ -502,67 +662,81 @@ func compact(v any) string {
 	return strings.TrimSuffix(b.String(), "\n")
 }
 
+// TestFunctionPermissions checks each function's grants, by what they
+// apply to: the ledger item actions and the pending index only where the
+// code uses them, ec2:TerminateInstances for the reconciler alone,
+// Kubernetes for the sweeper and the reconciler, sqs:SendMessage and
+// nothing else on the work queue for the producers, the consumer rights
+// for the reconciler, and the failure queue for the functions invoked
+// asynchronously.
 func TestFunctionPermissions(t *testing.T) {
 	_, m := defaults(t)
 	tableID, _ := cdktest.Only(t, m, "AWS::DynamoDB::Table")
-	queueID, _ := cdktest.Only(t, m, "AWS::SQS::Queue")
-	for id, extra := range map[string][]string{"ExitRecorder": nil, "StateChange": nil, "Sweeper": {"dynamodb:BatchGetItem", "dynamodb:Query"}} {
-		_, f := fn(t, m, id)
-		roleID := cdktest.Props(f)["Role"].(map[string]any)["Fn::GetAtt"].([]any)[0].(string)
+	workID, _ := queue(t, m, "Work")
+	failuresID, _ := queue(t, m, "Failures")
+	var (
+		ledger   = []string{"dynamodb:GetItem", "dynamodb:UpdateItem"}
+		batch    = []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:UpdateItem"}
+		produce  = []string{"sqs:SendMessage"}
+		failures = []string{"sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage"}
+		// queue.GrantConsumeMessages, for the event source mapping; the
+		// reconciler also sends deferred work back.
+		consume = []string{"sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:SendMessage"}
+		logs    = []string{"logs:CreateLogStream", "logs:PutLogEvents"}
+	)
+	for id, want := range map[string]map[string][]string{
+		"ExitRecorder": {"logs": logs, "table": ledger, "work": produce, "failures": failures},
+		"StateChange":  {"logs": logs, "work": produce, "failures": failures},
+		"Sweeper": {"logs": logs, "table": batch, "index": {"dynamodb:Query"}, "*": {"ec2:DescribeInstances"},
+			"cluster": {"eks:DescribeCluster"}, "work": produce, "failures": failures},
+		"Reconciler": {"logs": logs, "table": batch, "*": {"ec2:DescribeInstances"}, "instance": {"ec2:TerminateInstances"},
+			"cluster": {"eks:DescribeCluster"}, "work": consume},
+	} {
+		roleID := roleOf(t, m, id)
 		role := cdktest.Resources(m, "AWS::IAM::Role")[roleID]
 		if mp := cdktest.Props(role)["ManagedPolicyArns"]; mp != nil {
 			t.Errorf("%s role attaches managed policies %v", id, mp)
 		}
-		var actions []string
+		got := map[string][]string{}
 		for _, s := range statements(m, roleID) {
 			if s["Effect"] != "Allow" {
 				t.Errorf("%s: unexpected statement %v", id, s)
 			}
 			acts := strs(s["Action"])
-			actions = append(actions, acts...)
 			resource := compact(s["Resource"])
+			var on string
 			switch {
-			case slices.Contains(acts, "ec2:TerminateInstances"):
-				if len(acts) != 1 || !strings.Contains(resource, `:instance/*`) ||
-					compact(s["Condition"]) != `{"StringEquals":{"aws:ResourceTag/reaper.io/cluster":"demo","aws:ResourceTag/reaper.io/managed":"true"}}` {
+			case resource == `"*"`:
+				on = "*"
+			case resource == compact(getAtt(tableID, "Arn")):
+				on = "table"
+			case strings.Contains(resource, tableID) && strings.Contains(resource, "/index/pending"):
+				on = "index"
+			case resource == compact(getAtt(workID, "Arn")):
+				on = "work"
+			case resource == compact(getAtt(failuresID, "Arn")):
+				on = "failures"
+			case strings.Contains(resource, `:instance/*`):
+				on = "instance"
+				if compact(s["Condition"]) != `{"StringEquals":{"aws:ResourceTag/reaper.io/cluster":"demo","aws:ResourceTag/reaper.io/managed":"true"}}` {
 					t.Errorf("%s terminate statement %s", id, compact(s))
 				}
-			case slices.Contains(acts, "ec2:DescribeInstances"):
-				if len(acts) != 1 || resource != `"*"` {
-					t.Errorf("%s describe statement %s", id, compact(s))
-				}
-			case acts[0] == "dynamodb:Query":
-				if !strings.Contains(resource, tableID) || !strings.Contains(resource, "/index/pending") {
-					t.Errorf("%s pending-index statement on %s", id, resource)
-				}
-			case strings.HasPrefix(acts[0], "dynamodb:"):
-				if resource != compact(getAtt(tableID, "Arn")) {
-					t.Errorf("%s ledger statement on %s", id, resource)
-				}
-			case acts[0] == "eks:DescribeCluster":
-				if !strings.Contains(resource, `:cluster/demo"`) {
-					t.Errorf("%s cluster statement on %s", id, resource)
-				}
-			case strings.HasPrefix(acts[0], "sqs:"):
-				if resource != compact(getAtt(queueID, "Arn")) {
-					t.Errorf("%s queue statement on %s", id, resource)
-				}
-			case strings.HasPrefix(acts[0], "logs:"):
-				if !strings.Contains(resource, "Reaper"+id+"Logs") {
-					t.Errorf("%s may log to %s", id, resource)
-				}
+			case strings.Contains(resource, `:cluster/demo"`):
+				on = "cluster"
+			case strings.Contains(resource, "Reaper"+id+"Logs"):
+				on = "logs"
 			default:
-				t.Errorf("%s: unexpected statement %s", id, compact(s))
+				t.Errorf("%s: statement on an unexpected resource: %s", id, compact(s))
+				continue
 			}
+			got[on] = append(got[on], acts...)
 		}
-		want := append([]string{
-			"dynamodb:GetItem", "dynamodb:UpdateItem", "ec2:DescribeInstances", "ec2:TerminateInstances", "eks:DescribeCluster",
-			"logs:CreateLogStream", "logs:PutLogEvents", "sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage",
-		}, extra...)
-		sort.Strings(want)
-		sort.Strings(actions)
-		if !slices.Equal(actions, want) {
-			t.Errorf("%s actions\n got %v\nwant %v", id, actions, want)
+		for on := range got {
+			sort.Strings(got[on])
+			got[on] = slices.Compact(got[on])
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s grants\n got %v\nwant %v", id, got, want)
 		}
 	}
 }
@@ -586,6 +760,11 @@ func TestNoUnguardedTerminate(t *testing.T) {
 	_, m := defaults(t)
 	if f := iamcheck.UnguardedTerminations(m, demoOwner); len(f) != 0 {
 		t.Fatalf("unguarded grants: %v", f)
+	}
+	// Only the reconciler may terminate at all.
+	grants := iamcheck.TerminateGrants(m)
+	if reconciler := roleOf(t, m, "Reconciler"); len(grants) != 1 || !slices.Equal(grants[0].Principals, []string{reconciler}) {
+		t.Errorf("terminate grants %v, want one, to %s", grants, reconciler)
 	}
 	// Nor any other wildcard action.
 	for id, p := range cdktest.Resources(m, "AWS::IAM::Policy") {
@@ -661,6 +840,13 @@ func allOptions() reapercdk.Props {
 		SecurityGroupIDs:      []string{"sg-0123456789abcdef0"},
 		MetricsNamespace:      "Ops/Reaper-prod",
 		TerminateLatencyAlarm: 5 * time.Minute,
+
+		MaxReceiveCount:          3,
+		ReconcilerBatchSize:      500,
+		ReconcilerBatchingWindow: 20 * time.Second,
+		ReconcilerMaxConcurrency: 4,
+		EC2Share:                 0.8,
+		QueueAgeAlarm:            10 * time.Minute,
 	}
 }
 
@@ -678,17 +864,34 @@ func TestOptions(t *testing.T) {
 			"VpcConfig":                    map[string]any{"SubnetIds": []any{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"}, "SecurityGroupIds": []any{"sg-0123456789abcdef0"}},
 			"LoggingConfig":                assertions.Match_ObjectLike(&map[string]any{"ApplicationLogLevel": "DEBUG"}),
 			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
-				"REAPER_LOG_LEVEL": "debug", "REAPER_EKS_CLUSTER": "prod", "REAPER_METRICS_NAMESPACE": "Ops/Reaper-prod",
+				"REAPER_LOG_LEVEL": "debug", "REAPER_METRICS_NAMESPACE": "Ops/Reaper-prod",
 			})},
+		})
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{"REAPER_EKS_CLUSTER": "prod"})},
+		}, jsii.Number(2))
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
+				"REAPER_EC2_SHARE": "0.8", "REAPER_RECONCILER_CONCURRENCY": "4",
+			})},
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
+			"BatchSize": 500, "MaximumBatchingWindowInSeconds": 20, "ScalingConfig": map[string]any{"MaximumConcurrency": 4},
+			"FunctionResponseTypes": []any{"ReportBatchItemFailures"},
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::SQS::Queue"), map[string]any{
+			"RedrivePolicy": assertions.Match_ObjectLike(&map[string]any{"maxReceiveCount": 3}), "VisibilityTimeout": 1800,
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"MetricName": "ApproximateAgeOfOldestMessage", "Threshold": 600,
 		})
 		// The network interface actions are the roles' own, not
 		// AWSLambdaVPCAccessExecutionRole, which may write to any log group.
 		tmpl.AllResourcesProperties(jsii.String("AWS::IAM::Role"), map[string]any{"ManagedPolicyArns": assertions.Match_Absent()})
 		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 7200})
-		tmpl.ResourceCountIs(jsii.String("AWS::EKS::AccessEntry"), jsii.Number(3))
 		tmpl.AllResourcesProperties(jsii.String("AWS::EKS::AccessEntry"), map[string]any{
 			"ClusterName": "prod", "KubernetesGroups": []any{"reaper"}, "Type": "STANDARD",
-			"PrincipalArn": map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("Role")), "Arn"}},
+			"PrincipalArn": map[string]any{"Fn::GetAtt": []any{assertions.Match_AnyValue(), "Arn"}},
 		})
 		// The existing topic gets the alarms and the email subscription.
 		tmpl.ResourceCountIs(jsii.String("AWS::SNS::Topic"), jsii.Number(0))
@@ -719,9 +922,18 @@ func TestOptions(t *testing.T) {
 		"ec2:AssignPrivateIpAddresses", "ec2:CreateNetworkInterface", "ec2:DeleteNetworkInterface",
 		"ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets", "ec2:UnassignPrivateIpAddresses",
 	}
-	for _, id := range []string{"ExitRecorder", "StateChange", "Sweeper"} {
+	// Only the functions that talk to Kubernetes are mapped into it.
+	var mapped []string
+	for _, e := range cdktest.Resources(m, "AWS::EKS::AccessEntry") {
+		mapped = append(mapped, cdktest.Props(e)["PrincipalArn"].(map[string]any)["Fn::GetAtt"].([]any)[0].(string))
+	}
+	sort.Strings(mapped)
+	if want := []string{roleOf(t, m, "Reconciler"), roleOf(t, m, "Sweeper")}; !slices.Equal(mapped, want) {
+		t.Errorf("access entries for %v, want %v", mapped, want)
+	}
+	for _, id := range functionIDs {
 		_, f := fn(t, m, id)
-		roleID := cdktest.Props(f)["Role"].(map[string]any)["Fn::GetAtt"].([]any)[0].(string)
+		roleID := roleOf(t, m, id)
 		var got []string
 		for _, st := range statements(m, roleID) {
 			if st["Sid"] == "NetworkInterfaces" {
@@ -757,7 +969,7 @@ func TestNag(t *testing.T) {
 		props.BuildDir = buildDir
 		reapercdk.New(stack, "Reaper", &props)
 	})
-	r := cdktest.NagClean(t, stack, cdktest.ReaperNagSuppressions("Test", "Reaper", "/reaper/prod/exits"))
+	r := cdktest.NagClean(t, stack, cdktest.ReaperNagSuppressionsInVPC("Test", "Reaper", "/reaper/prod/exits"))
 	// In a VPC, Resource "*" also holds Lambda's network interface actions.
 	for _, s := range r.Suppressed {
 		if s.Finding == "Resource::*" && !strings.Contains(s.Reason, "ec2:CreateNetworkInterface") {
@@ -782,9 +994,9 @@ func TestNagKnownAccount(t *testing.T) {
 	for _, f := range r.Findings {
 		t.Errorf("cdk-nag: %s", f)
 	}
-	want := "AwsSolutions-IAM5[Resource::arn:aws:ec2:eu-west-1:123456789012:instance/*] Test/Reaper/SweeperRole/DefaultPolicy/Resource"
-	if n := len(r.Suppressed); n != 8 || !slices.ContainsFunc(r.Suppressed, func(s cdktest.NagSuppressed) bool { return s.String() == want }) {
-		t.Errorf("suppressed %v, want 8 with %s", r.Suppressed, want)
+	want := "AwsSolutions-IAM5[Resource::arn:aws:ec2:eu-west-1:123456789012:instance/*] Test/Reaper/ReconcilerRole/DefaultPolicy/Resource"
+	if n := len(r.Suppressed); n != 5 || !slices.ContainsFunc(r.Suppressed, func(s cdktest.NagSuppressed) bool { return s.String() == want }) {
+		t.Errorf("suppressed %v, want 5 with %s", r.Suppressed, want)
 	}
 }
 
@@ -816,8 +1028,21 @@ func TestValidate(t *testing.T) {
 			reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "gpu@prod", ExitLogGroupName: "/gpu/exits"},
 			`the metrics namespace "Reaper/gpu@prod" derived from the cluster is not valid`,
 		},
-		"latency alarm": {reapercdk.Props{EKSCluster: "a", TerminateLatencyAlarm: -time.Minute}, "TerminateLatencyAlarm must be positive"},
-		"no bootstrap":  {reapercdk.Props{EKSCluster: "a", BuildDir: t.TempDir()}, "exitrecorder/bootstrap is missing: run `make build`"},
+		"latency alarm":      {reapercdk.Props{EKSCluster: "a", TerminateLatencyAlarm: -time.Minute}, "TerminateLatencyAlarm must be positive"},
+		"receive count":      {reapercdk.Props{EKSCluster: "a", MaxReceiveCount: 1001}, "MaxReceiveCount 1001: SQS allows 1 to 1000"},
+		"receive count long": {reapercdk.Props{EKSCluster: "a", MaxReceiveCount: 193}, "MaxReceiveCount 193: the work queue keeps a message 96h0m0s, 192 receives"},
+		"batch size":         {reapercdk.Props{EKSCluster: "a", ReconcilerBatchSize: 20000}, "ReconcilerBatchSize 20000"},
+		"negative batch":     {reapercdk.Props{EKSCluster: "a", ReconcilerBatchSize: -1}, "ReconcilerBatchSize -1"},
+		"window fraction":    {reapercdk.Props{EKSCluster: "a", ReconcilerBatchingWindow: 1500 * time.Millisecond}, "ReconcilerBatchingWindow 1.5s: use whole seconds"},
+		"window below 1s":    {reapercdk.Props{EKSCluster: "a", ReconcilerBatchSize: 100, ReconcilerBatchingWindow: 500 * time.Millisecond}, "an SQS batch size above 10 needs at least 1s"},
+		"window long":        {reapercdk.Props{EKSCluster: "a", ReconcilerBatchingWindow: 6 * time.Minute}, "ReconcilerBatchingWindow 6m0s"},
+		"concurrency 1":      {reapercdk.Props{EKSCluster: "a", ReconcilerMaxConcurrency: 1}, "ReconcilerMaxConcurrency 1: an SQS event source allows 2 to 1000"},
+		"concurrency high":   {reapercdk.Props{EKSCluster: "a", ReconcilerMaxConcurrency: 1001}, "ReconcilerMaxConcurrency 1001"},
+		"reserved too small": {reapercdk.Props{EKSCluster: "a", ReservedConcurrency: 3, ReconcilerMaxConcurrency: 4}, "ReservedConcurrency 3 is below ReconcilerMaxConcurrency 4"},
+		"share above 1":      {reapercdk.Props{EKSCluster: "a", EC2Share: 1.5}, "EC2Share 1.5"},
+		"share negative":     {reapercdk.Props{EKSCluster: "a", EC2Share: -0.1}, "EC2Share -0.1"},
+		"queue age":          {reapercdk.Props{EKSCluster: "a", QueueAgeAlarm: 30 * time.Second}, "QueueAgeAlarm 30s"},
+		"no bootstrap":       {reapercdk.Props{EKSCluster: "a", BuildDir: t.TempDir()}, "exitrecorder/bootstrap is missing: run `make build`"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if tc.props.BuildDir == "" {
@@ -834,6 +1059,8 @@ func TestValidate(t *testing.T) {
 		{EKSCluster: "a", ClusterName: "a"},
 		{KubeconfigSecretArn: "arn:x", ClusterName: "on prem", ExitLogGroupName: "/reaper/on-prem/exits"},
 		{KubeconfigSecretArn: "arn:x", ClusterName: "gpu@prod", ExitLogGroupName: "/gpu/exits", MetricsNamespace: "GPU/prod"},
+		{EKSCluster: "a", ReconcilerBatchSize: 10, ReconcilerBatchingWindow: 5 * time.Minute, ReconcilerMaxConcurrency: 1000, EC2Share: 1, MaxReceiveCount: 192},
+		{EKSCluster: "a", ReservedConcurrency: 2, MaxReceiveCount: 1, QueueAgeAlarm: time.Minute},
 	} {
 		p.BuildDir = buildDir
 		if err := p.Validate(); err != nil {
@@ -920,6 +1147,13 @@ func TestTwoClustersInOneAccount(t *testing.T) {
 		if group := "AWS::Logs::LogGroup /reaper/" + cluster + "/exits"; !slices.Contains(names, group) {
 			t.Errorf("%s: no %s among %v", c.stack, group, names)
 		}
+		// The queues take the names CloudFormation generates from the
+		// stack's.
+		for _, name := range names {
+			if strings.HasPrefix(name, "AWS::SQS::Queue ") {
+				t.Errorf("%s names a queue: %s", c.stack, name)
+			}
+		}
 
 		for id, f := range cdktest.Resources(m, "AWS::Lambda::Function") {
 			vars := cdktest.Props(f)["Environment"].(map[string]any)["Variables"].(map[string]any)
@@ -951,8 +1185,8 @@ func TestTwoClustersInOneAccount(t *testing.T) {
 				}
 			}
 		}
-		if terminates != 3 {
-			t.Errorf("%s: %d terminate statements, want one per function", c.stack, terminates)
+		if terminates != 1 {
+			t.Errorf("%s: %d terminate statements, want one, the reconciler's", c.stack, terminates)
 		}
 		own := iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: cluster}
 		if f := iamcheck.UnguardedTerminations(m, own); len(f) != 0 {
@@ -961,8 +1195,8 @@ func TestTwoClustersInOneAccount(t *testing.T) {
 		for _, other := range clusters {
 			if o := other.props.Cluster(); o != cluster {
 				own.Cluster = o
-				if f := iamcheck.UnguardedTerminations(m, own); len(f) != 3 {
-					t.Errorf("%s may terminate %s's instances: %d findings, want 3", c.stack, o, len(f))
+				if f := iamcheck.UnguardedTerminations(m, own); len(f) != 1 {
+					t.Errorf("%s may terminate %s's instances: %d findings, want 1", c.stack, o, len(f))
 				}
 			}
 		}

@@ -1,7 +1,7 @@
 // Package localstack runs the real dependencies of Reaper on loopback for
 // integration tests and `make replay`: etcd plus kube-apiserver (and, on
-// request, kube-controller-manager), dynalite (DynamoDB), an in-process EC2
-// Query API server, and the Lambda runtime interface emulator for the
+// request, kube-controller-manager), dynalite (DynamoDB), in-process EC2
+// Query API and SQS JSON API servers, and the Lambda runtime interface emulator for the
 // function binaries.
 //
 // Binaries come from the environment printed by hack/setup.sh
@@ -38,6 +38,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/internal/sqsserver"
 )
 
 // Part selects a component of the stack.
@@ -48,7 +49,8 @@ const (
 	Kube   Part = 1 << iota // etcd and kube-apiserver
 	Dynamo                  // dynalite
 	EC2                     // in-process ec2server
-	All    = Kube | Dynamo | EC2
+	SQS                     // in-process sqsserver
+	All    = Kube | Dynamo | EC2 | SQS
 )
 
 // Cluster is the name of the stack's Kubernetes cluster: the REAPER_CLUSTER
@@ -98,6 +100,8 @@ type Stack struct {
 
 	// EC2 is the fake EC2 endpoint; seed instances and inject faults on it.
 	EC2 *ec2server.Server
+	// SQS is the SQS endpoint the work queues live on.
+	SQS *sqsserver.Server
 
 	opts       Options
 	restConfig *rest.Config
@@ -150,6 +154,9 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	wg.Wait()
 	if opts.Parts&EC2 != 0 {
 		s.EC2 = ec2server.New()
+	}
+	if opts.Parts&SQS != 0 {
+		s.SQS = sqsserver.New()
 	}
 	if err := errors.Join(kubeErr, dynErr); err != nil {
 		s.opts.KeepDir = true
@@ -572,6 +579,9 @@ func (s *Stack) Env() []string {
 	if s.EC2 != nil {
 		env = append(env, "AWS_ENDPOINT_URL_EC2="+s.EC2.URL())
 	}
+	if s.SQS != nil {
+		env = append(env, "AWS_ENDPOINT_URL_SQS="+s.SQS.URL())
+	}
 	if s.KubeconfigPath != "" {
 		env = append(env, "KUBECONFIG="+s.KubeconfigPath, "REAPER_CLUSTER="+Cluster)
 	}
@@ -594,10 +604,17 @@ func (s *Stack) AWSConfig(ctx context.Context) aws.Config {
 	if s.EC2 != nil {
 		endpoints["EC2"] = s.EC2.URL()
 	}
+	if s.SQS != nil {
+		endpoints["SQS"] = s.SQS.URL()
+	}
 	return aws.Config{
 		Region:        Region,
 		Credentials:   credentials.NewStaticCredentialsProvider(AccessKeyID, SecretAccessKey, ""),
 		ConfigSources: []any{endpoints},
+		// See sqsserver.BufferedBodies: without it a response that
+		// arrives while net/http still reads the request body costs a
+		// retry, which SQS's receives and sends must not pay.
+		HTTPClient: &http.Client{Transport: sqsserver.BufferedBodies{}},
 	}
 }
 
@@ -610,7 +627,7 @@ func (e endpointSource) GetServiceBaseEndpoint(_ context.Context, sdkID string) 
 	return v, ok, nil
 }
 
-// Stop kills every process, closes the EC2 server and removes Dir (unless
+// Stop kills every process, closes the EC2 and SQS servers and removes Dir (unless
 // Options.KeepDir). It is idempotent, so it can go straight to t.Cleanup.
 func (s *Stack) Stop() {
 	s.mu.Lock()
@@ -625,6 +642,9 @@ func (s *Stack) Stop() {
 	s.stopEtcd()
 	if s.EC2 != nil {
 		s.EC2.Close()
+	}
+	if s.SQS != nil {
+		s.SQS.Close()
 	}
 	if !s.opts.KeepDir {
 		os.RemoveAll(s.Dir)

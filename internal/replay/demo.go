@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -14,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
 // Row is one Pod of a demo run as it ended.
@@ -27,11 +27,13 @@ type Row struct {
 	State    ec2server.State
 }
 
-// Result is a demo run: the rows and the invocation latencies.
+// Result is a demo run: the rows, the invocation latencies (each until the
+// work it queued was done) and the EC2 requests the run made, by action.
 type Result struct {
-	Name      string
-	Rows      []Row
-	Latencies []time.Duration
+	Name        string
+	Rows        []Row
+	Latencies   []time.Duration
+	EC2Requests map[string]int
 }
 
 // Finalized counts Pods in a terminal phase.
@@ -105,6 +107,7 @@ func (l *Lab) Replicas30(ctx context.Context, recordings string, progress io.Wri
 		return Result{}, err
 	}
 	res := Result{Name: "replicas30: 30 GPU sample Pods whose command ends"}
+	before := len(l.Stack.EC2.Calls())
 	payloads := sc.Payloads("exitrecorder")
 	bar := NewProgress(progress, "replicas30", len(payloads))
 	for i, p := range payloads {
@@ -116,8 +119,19 @@ func (l *Lab) Replicas30(ctx context.Context, recordings string, progress io.Wri
 		res.Latencies = append(res.Latencies, time.Since(start))
 	}
 	bar.Step(len(payloads), "exit lines replayed")
+	res.EC2Requests = l.ec2Requests(before)
 	res.Rows, err = l.rows(ctx, sc)
 	return res, err
+}
+
+// ec2Requests counts the EC2 test server's requests since the first
+// before, by action.
+func (l *Lab) ec2Requests(before int) map[string]int {
+	out := map[string]int{}
+	for _, c := range l.Stack.EC2.Calls()[before:] {
+		out[c.Action]++
+	}
+	return out
 }
 
 func (l *Lab) rows(ctx context.Context, sc *Scenario) ([]Row, error) {
@@ -154,19 +168,30 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nfinalized %d/%d  terminated %d/%d  leaked %d  handler latency p50 %s p99 %s (%d invocations)\n",
 		r.Finalized(), len(r.Rows), r.Terminated(), len(r.Rows), r.Leaked(),
 		r.Percentile(50).Round(100*time.Microsecond), r.Percentile(99).Round(100*time.Microsecond), len(r.Latencies))
+	actions := slices.Sorted(maps.Keys(r.EC2Requests))
+	fmt.Fprintf(w, "EC2 requests:")
+	if len(actions) == 0 {
+		fmt.Fprintf(w, " none")
+	}
+	for _, a := range actions {
+		fmt.Fprintf(w, " %s %d", a, r.EC2Requests[a])
+	}
+	fmt.Fprintln(w)
 }
 
 // Spot10 is the second demo: spot reclaims 10 instances; for 5 of them the
 // exit line arrives after the terminated event, inside the exit-wait window,
 // and wins; the other 5 Pods are finalized as lost by the sweep once the
-// exit-wait window the state changes opened has passed. progress (may be
-// nil) is told of each step, and of the wait for the window.
-func (l *Lab) Spot10(ctx context.Context, recordings string, progress io.Writer) (Result, error) {
+// exit-wait window the state changes opened (exitWait after the instances
+// went) has passed. progress (may be nil) is told of each step, and of the
+// wait for the window.
+func (l *Lab) Spot10(ctx context.Context, recordings string, exitWait time.Duration, progress io.Writer) (Result, error) {
 	sc, err := l.Prepare(ctx, filepath.Join(recordings, "spot10"), corev1.RestartPolicyNever, nil)
 	if err != nil {
 		return Result{}, err
 	}
 	res := Result{Name: "spot10: spot reclaims 10 instances, 5 exit lines arrive late"}
+	before := len(l.Stack.EC2.Calls())
 	var windowEnd time.Time
 	bar := NewProgress(progress, "spot10", len(sc.Steps))
 	for i, st := range sc.Steps {
@@ -175,17 +200,25 @@ func (l *Lab) Spot10(ctx context.Context, recordings string, progress io.Writer)
 			time.Sleep(time.Until(windowEnd) + 100*time.Millisecond)
 		}
 		bar.Step(i, st.Function)
-		var sum reaper.StateSummary
 		start := time.Now()
-		if err := l.Play(ctx, st, &sum); err != nil {
+		if err := l.Play(ctx, st, nil); err != nil {
 			return res, fmt.Errorf("%s: %w", st.Function, err)
 		}
 		res.Latencies = append(res.Latencies, time.Since(start))
-		if w, err := time.Parse(time.RFC3339, sum.WaitUntil); err == nil && w.After(windowEnd) {
-			windowEnd = w
+		if st.Function == "statechange" {
+			recs, err := l.Ledger.GetMany(ctx, slices.Collect(maps.Values(sc.Instances)))
+			if err != nil {
+				return res, err
+			}
+			for _, rec := range recs {
+				if rec.Gone != nil && rec.Gone.At.Add(exitWait).After(windowEnd) {
+					windowEnd = rec.Gone.At.Add(exitWait)
+				}
+			}
 		}
 	}
 	bar.Step(len(sc.Steps), "events replayed")
+	res.EC2Requests = l.ec2Requests(before)
 	res.Rows, err = l.rows(ctx, sc)
 	return res, err
 }

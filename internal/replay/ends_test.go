@@ -2,8 +2,8 @@ package replay
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -41,15 +41,29 @@ func sweepNow(t *testing.T) reaper.SweepSummary {
 // the exit-wait window they opened.
 func playStates(t *testing.T, sc *Scenario) time.Time {
 	t.Helper()
-	var until time.Time
 	for _, st := range sc.Steps {
-		if st.Function != "statechange" {
-			continue
+		if st.Function == "statechange" {
+			var sum reaper.StateSummary
+			if play(t, st, &sum); !sum.Queued {
+				t.Fatalf("state change not queued: %+v", sum)
+			}
 		}
-		var sum reaper.StateSummary
-		play(t, st, &sum)
-		if w, err := time.Parse(time.RFC3339, sum.WaitUntil); err == nil && w.After(until) {
-			until = w
+	}
+	return windowEnd(t, lab, sc)
+}
+
+// windowEnd is when the exit-wait window of the scenario's instances closes,
+// from the gone states their records hold.
+func windowEnd(t *testing.T, l *Lab, sc *Scenario) time.Time {
+	t.Helper()
+	recs, err := l.Ledger.GetMany(t.Context(), slices.Collect(maps.Values(sc.Instances)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var until time.Time
+	for _, rec := range recs {
+		if rec.Gone != nil && rec.Gone.At.Add(exitWait).After(until) {
+			until = rec.Gone.At.Add(exitWait)
 		}
 	}
 	if until.IsZero() {
@@ -91,7 +105,7 @@ func TestSpotInterruptionWithoutExit(t *testing.T) {
 		t.Fatalf("sweep inside the window: %+v", sum)
 	}
 	waitPast(until)
-	if sum := sweepNow(t); sum.PodsLost < 1 {
+	if sum := sweepNow(t); sum.Queued < 1 {
 		t.Fatalf("sweep after the window: %+v", sum)
 	}
 	wantLost(t, getPod(t, "spot", "train-spot"), "InstanceTerminated")
@@ -125,33 +139,35 @@ func TestManualStop(t *testing.T) {
 		wantLost(t, getPod(t, "ops", "stopped-by-hand"), "InstanceStopped")
 	})
 	t.Run("keep stopped", func(t *testing.T) {
-		// The knob is deployment-wide: both functions that may terminate run with it.
-		env := append(slices.Clone(lab.Env), "REAPER_TERMINATE_STOPPED=false")
-		keep := localstack.MustStartFunction(t, lab.Bootstraps["statechange"], env)
-		keepSweeper := localstack.MustStartFunction(t, lab.Bootstraps["sweeper"], env)
+		// The knob is deployment-wide; a deployment of its own (another
+		// cluster, table and queue) runs with it, so the shared lab's
+		// reconcilers never see this instance.
+		const cluster = "reaper-keep-stopped"
+		bins := map[string]string{}
+		for _, fn := range []string{"statechange", "sweeper", "reconciler"} {
+			bins[fn] = lab.Bootstraps[fn]
+		}
+		keep, err := NewLab(t.Context(), lab.Stack, cluster, bins, "REAPER_CLUSTER="+cluster, "REAPER_EXIT_WAIT="+exitWait.String(), "REAPER_TERMINATE_STOPPED=false")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(keep.Stop)
 		sc := prepare(t, "manual-stop-kept", corev1.RestartPolicyNever, nil)
 		id := sc.Instances["stopped-and-kept"]
-		var until time.Time
-		for _, st := range sc.Payloads("statechange") {
-			lab.Stack.EC2.SetState(id, ec2server.Stopped)
-			resp, fnErr, err := keep.Invoke(t.Context(), st)
-			if err != nil || fnErr != nil {
-				t.Fatalf("statechange: %v %v", err, fnErr)
-			}
-			var sum reaper.StateSummary
-			if err := json.Unmarshal(resp, &sum); err != nil {
-				t.Fatal(err)
-			}
-			if until, err = time.Parse(time.RFC3339, sum.WaitUntil); err != nil {
-				t.Fatalf("no exit-wait window: %+v", sum)
+		keep.AddTaggedInstance(id, InstanceTags(sc.Pods["stopped-and-kept"], true, cluster))
+		for _, st := range sc.Steps {
+			if st.Function == "statechange" {
+				if err := keep.Play(t.Context(), st, nil); err != nil {
+					t.Fatalf("statechange: %v", err)
+				}
 			}
 		}
 		if n := terminateCalls(id); n != 0 || instanceState(t, id) != ec2server.Stopped {
 			t.Fatalf("kept instance: %d terminate calls, state %s", n, instanceState(t, id))
 		}
-		waitPast(until)
-		if _, fnErr, err := keepSweeper.Invoke(t.Context(), sc.Payloads("sweeper")[0]); err != nil || fnErr != nil {
-			t.Fatalf("sweeper: %v %v", err, fnErr)
+		waitPast(windowEnd(t, keep, sc))
+		if err := keep.Invoke(t.Context(), "sweeper", sc.Payloads("sweeper")[0], nil); err != nil {
+			t.Fatalf("sweeper: %v", err)
 		}
 		wantLost(t, getPod(t, "ops", "stopped-and-kept"), "InstanceStopped")
 		if instanceState(t, id) != ec2server.Stopped {
@@ -188,30 +204,38 @@ func TestSweepDuringAPIOutage(t *testing.T) {
 			_ = lab.Stack.StartAPIServer(context.Background())
 		}
 	})
-	var fnErr *localstack.FunctionError
-	if err := lab.Invoke(t.Context(), "sweeper", sc.Payloads("sweeper")[0], nil); !errors.As(err, &fnErr) {
-		t.Fatalf("sweep with the apiserver down: %v, want a function error", err)
+	// The sweep hands the Pod's end to the reconciler, whose Pod write
+	// fails until the apiserver is back; the queue brings it back.
+	var sum reaper.SweepSummary
+	if err := lab.InvokeOnly(t.Context(), "sweeper", sc.Payloads("sweeper")[0], &sum); err != nil && !errors.As(err, new(*localstack.FunctionError)) {
+		t.Fatalf("sweep with the apiserver down: %v", err)
 	}
+	time.Sleep(time.Second)
 	if rec := record(t, sc.Instances["train-sweep-outage"]); rec.PodSynced != "" || rec.Gone == nil {
-		t.Fatalf("ledger after the failed sweep: %+v", rec)
+		t.Fatalf("ledger with the apiserver down: %+v", rec)
 	}
 	if err := lab.Stack.StartAPIServer(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	up = true
+	if err := lab.DrainSent(t.Context(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	wantLost(t, getPod(t, "spot", "train-sweep-outage"), "InstanceTerminated")
+	// A later sweep finds nothing undone.
 	if err := lab.Invoke(t.Context(), "sweeper", sc.Payloads("sweeper")[1], nil); err != nil {
 		t.Fatalf("sweep after the outage: %v", err)
 	}
 	wantLost(t, getPod(t, "spot", "train-sweep-outage"), "InstanceTerminated")
 }
 
-// EC2 throttles the account: the SDK's retryer, tuned, rides it out inside
-// the invocation.
+// EC2 throttles the account: the reconciler's SDK retryer, tuned, rides it
+// out inside the invocation.
 func TestThrottledEC2(t *testing.T) {
 	sc := prepare(t, "job-throttled", corev1.RestartPolicyNever, nil)
 	lab.Stack.EC2.Throttle("TerminateInstances", 2)
 	lab.Stack.EC2.Throttle("DescribeInstances", 1)
-	if sum := invokeExit(t, sc.Payloads("exitrecorder")[0]); sum.Terminate != "terminating" {
+	if sum := invokeExit(t, sc.Payloads("exitrecorder")[0]); sum.Queued != 1 {
 		t.Fatalf("summary %+v", sum)
 	}
 	if id := sc.Instances["job-throttled"]; instanceState(t, id) != ec2server.Terminated || terminateCalls(id) != 1 {
@@ -223,7 +247,7 @@ func TestThrottledEC2(t *testing.T) {
 // inside the window and win, the other 5 Pods are finalized as lost.
 func TestSpot10(t *testing.T) {
 	var progress strings.Builder
-	res, err := lab.Spot10(t.Context(), recordingsDir, &progress)
+	res, err := lab.Spot10(t.Context(), recordingsDir, exitWait, &progress)
 	if err != nil {
 		t.Fatal(err)
 	}

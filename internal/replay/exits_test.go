@@ -2,17 +2,16 @@ package replay
 
 import (
 	"context"
-	"errors"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
@@ -82,18 +81,21 @@ func terminateCalls(id string) int {
 func lookups(id string) int {
 	n := 0
 	for _, c := range lab.Stack.EC2.Calls() {
-		if c.Action != "DescribeInstances" {
-			continue
-		}
-		named := slices.Contains(c.InstanceIDs, id)
-		for k, v := range c.Params {
-			named = named || (strings.HasPrefix(k, "Filter.") && slices.Contains(v, id))
-		}
-		if named {
+		if c.Action == "DescribeInstances" && names(c, id) {
 			n++
 		}
 	}
 	return n
+}
+
+// names says whether an EC2 request named id, by InstanceIds or by a filter
+// value.
+func names(c ec2server.Call, id string) bool {
+	named := slices.Contains(c.InstanceIDs, id)
+	for k, v := range c.Params {
+		named = named || (strings.HasPrefix(k, "Filter.") && slices.Contains(v, id))
+	}
+	return named
 }
 
 func instanceState(t *testing.T, id string) ec2server.State {
@@ -120,7 +122,7 @@ func TestReplicas30(t *testing.T) {
 	t.Parallel()
 	sc := prepare(t, "replicas30", corev1.RestartPolicyNever, nil)
 	for _, p := range sc.Payloads("exitrecorder") {
-		if sum := invokeExit(t, p); sum.Recorded != 1 || sum.PodResult != "patched" || sum.Terminate != "terminating" {
+		if sum := invokeExit(t, p); sum.Recorded != 1 || sum.Queued != 1 {
 			t.Fatalf("summary %+v", sum)
 		}
 	}
@@ -185,8 +187,8 @@ func TestDuplicateDelivery(t *testing.T) {
 	if n := terminateCalls(id); n != 1 {
 		t.Fatalf("terminated %d times", n)
 	}
-	// One tag lookup per delivery, made while the exit is written; the
-	// terminate step uses it rather than looking again.
+	// One tag lookup per delivery, made by the reconciler for the exit
+	// claim; the terminate step uses it rather than looking again.
 	if n := lookups(id); n != 3 {
 		t.Fatalf("%d tag lookups for 3 deliveries", n)
 	}
@@ -237,12 +239,10 @@ func TestPodDeletedBeforeLine(t *testing.T) {
 	if err := lab.Stack.Kube.CoreV1().Pods("jobs").Delete(t.Context(), "job-deleted", metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
 		t.Fatal(err)
 	}
-	sum := invokeExit(t, sc.Payloads("exitrecorder")[0])
-	if sum.PodResult != "pod-gone" || sum.Terminate != "terminating" {
-		t.Fatalf("summary %+v", sum)
-	}
-	if rec := record(t, sc.Instances["job-deleted"]); rec.PodSynced != "exit/0" {
-		t.Fatalf("step not marked done: %+v", rec)
+	invokeExit(t, sc.Payloads("exitrecorder")[0])
+	id := sc.Instances["job-deleted"]
+	if rec := record(t, id); rec.PodSynced != "exit/0" || terminateCalls(id) != 1 {
+		t.Fatalf("steps not done: %+v, %d terminate calls", rec, terminateCalls(id))
 	}
 }
 
@@ -257,9 +257,9 @@ func TestPodReplacedIsUntouched(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := invokeExit(t, sc.Payloads("exitrecorder")[0])
-	if sum.PodResult != "pod-replaced" {
-		t.Fatalf("summary %+v", sum)
+	invokeExit(t, sc.Payloads("exitrecorder")[0])
+	if rec := record(t, sc.Instances["job-replaced"]); rec.PodSynced != "exit/0" {
+		t.Fatalf("step not marked done: %+v", rec)
 	}
 	now := getPod(t, "jobs", "job-replaced")
 	if now.UID != replacement.UID || now.ResourceVersion != replacement.ResourceVersion || now.Status.Phase != corev1.PodRunning {
@@ -272,11 +272,14 @@ func TestPodReplacedIsUntouched(t *testing.T) {
 func TestUnmanagedInstanceKept(t *testing.T) {
 	t.Parallel()
 	sc := prepare(t, "unmanaged", corev1.RestartPolicyNever, func(Subject) bool { return false })
-	sum := invokeExit(t, sc.Payloads("exitrecorder")[0])
-	if sum.Terminate != "" || sum.PodResult != "" || sum.Rejected != 1 || sum.RejectedFor[reaper.DistrustNotManaged] != 1 {
+	id := sc.Instances["job-unmanaged"]
+	rejected := lab.rejections(t, reaper.DistrustNotManaged)
+	if sum := invokeExit(t, sc.Payloads("exitrecorder")[0]); sum.Queued != 1 {
 		t.Fatalf("summary %+v", sum)
 	}
-	id := sc.Instances["job-unmanaged"]
+	if n := lab.rejections(t, reaper.DistrustNotManaged) - rejected; n != 1 {
+		t.Fatalf("%d lines rejected as not managed, want 1", n)
+	}
 	if terminateCalls(id) != 0 || instanceState(t, id) != ec2server.Running {
 		t.Fatal("unmanaged instance was terminated")
 	}
@@ -312,8 +315,10 @@ func TestRestartsKeepPodRunning(t *testing.T) {
 	}
 }
 
-// A Kubernetes outage must not lose the exit nor keep the instance billing;
-// the retry after the API is back finishes the job.
+// A Kubernetes outage must not lose the exit nor keep the instance billing:
+// the reconciler terminates without the Pod write and hands the instance
+// back to the queue, whose redelivery after the API is back finishes the
+// job.
 func TestKubernetesDown(t *testing.T) {
 	// Not parallel: it stops the apiserver everyone uses.
 	sc := prepare(t, "api-down", corev1.RestartPolicyNever, nil)
@@ -325,21 +330,46 @@ func TestKubernetesDown(t *testing.T) {
 			_ = lab.Stack.StartAPIServer(context.Background())
 		}
 	})
-	err := lab.Invoke(t.Context(), "exitrecorder", sc.Payloads("exitrecorder")[0], nil)
-	var fnErr *localstack.FunctionError
-	if !errors.As(err, &fnErr) {
-		t.Fatalf("invoke with the apiserver down: %v, want a function error", err)
+	if err := lab.InvokeOnly(t.Context(), "exitrecorder", sc.Payloads("exitrecorder")[0], nil); err != nil {
+		t.Fatalf("exitrecorder with the apiserver down: %v", err)
 	}
-	if rec := record(t, id); rec.Exit == nil || rec.PodSynced != "" || rec.Terminated.IsZero() {
-		t.Fatalf("ledger after the failed invocation: %+v", rec)
+	var rec ledger.Record
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		rec = record(t, id)
+		if !rec.Terminated.IsZero() || time.Now().After(deadline) {
+			break
+		}
+	}
+	if rec.Exit == nil || rec.PodSynced != "" || rec.Terminated.IsZero() || instanceState(t, id) != ec2server.Terminated {
+		t.Fatalf("ledger with the apiserver down: %+v", rec)
 	}
 	if err := lab.Stack.StartAPIServer(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	up = true
-	invokeExit(t, sc.Payloads("exitrecorder")[0])
+	if err := lab.DrainSent(t.Context(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	wantEnded(t, getPod(t, "jobs", "job-api-down"), corev1.PodSucceeded, 0, "Completed")
 	if n := terminateCalls(id); n != 1 {
 		t.Fatalf("terminated %d times", n)
 	}
+	if rec := record(t, id); rec.PodSynced != "exit/0" {
+		t.Fatalf("ledger after the redelivery: %+v", rec)
+	}
+}
+
+// rejections counts the exit claims the reconcilers have not believed for
+// reason so far, from their logs.
+func (l *Lab) rejections(t *testing.T, reason string) int {
+	t.Helper()
+	n := 0
+	for _, f := range l.Reconcilers {
+		for line := range strings.SplitSeq(f.Logs(), "\n") {
+			if strings.Contains(line, `"msg":"exit line not believed"`) && strings.Contains(line, `"reason":"`+reason+`"`) {
+				n++
+			}
+		}
+	}
+	return n
 }

@@ -7,23 +7,31 @@ package replay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"github.com/aws/aws-lambda-go/events"
-	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/pkg/statechange"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
+	"time"
 
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/internal/esm"
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/statechange"
 )
 
 // Functions are Reaper's Lambda functions.
-var Functions = []string{"exitrecorder", "statechange", "sweeper"}
+var Functions = []string{metrics.FunctionExitRecorder, metrics.FunctionStateChange, metrics.FunctionSweeper, metrics.FunctionReconciler}
 
 // Build compiles the named functions for this machine (the emulator runs
 // them natively) the way `make build` does for Lambda, into
@@ -73,8 +81,9 @@ func ModuleRoot() (string, error) {
 	}
 }
 
-// Lab is a local stack with a ledger table and Reaper's functions running
-// under the emulator.
+// Lab is a local stack with a ledger table, a work queue and Reaper's
+// functions running under the emulator, the reconciler behind an event
+// source mapping on the queue.
 type Lab struct {
 	Stack     *localstack.Stack
 	Table     string
@@ -84,34 +93,219 @@ type Lab struct {
 	Bootstraps map[string]string
 	// Env is what the functions run with.
 	Env []string
+	// QueueURL is the work queue; DeadLetterURL its dead-letter queue.
+	QueueURL, DeadLetterURL string
+	// Mapping feeds the queue to the reconcilers; nil when no reconciler
+	// was built.
+	Mapping *esm.Mapping
+	// Reconcilers are the reconciler's execution environments (the
+	// emulator runs one invocation at a time, so one per concurrent
+	// invocation); Functions["reconciler"] is the first.
+	Reconcilers []*localstack.Function
+	idle        chan *localstack.Function
 }
 
-// NewLab creates the ledger table and starts each bootstrap under the
-// emulator with the stack's environment plus env (REAPER_* knobs).
+// LabOptions shape a Lab beyond NewLab's defaults.
+type LabOptions struct {
+	// Env is added to the functions' environment (REAPER_* knobs).
+	Env []string
+	// The event source mapping's settings (defaults: batch size 10,000,
+	// window 50 ms, concurrency 2); the construct deploys a 1 s window.
+	BatchSize      int
+	BatchingWindow time.Duration
+	MaxConcurrency int
+	// QueueVisibility is the work queue's visibility timeout (default 5 s),
+	// after which a failed batch's messages come back.
+	QueueVisibility time.Duration
+	// MaxReceiveCount receives move a message to the dead-letter queue
+	// (default 5).
+	MaxReceiveCount int
+}
+
+func (o LabOptions) withDefaults() LabOptions {
+	if o.BatchSize == 0 {
+		o.BatchSize = esm.MaxBatchSize
+	}
+	if o.BatchingWindow == 0 {
+		o.BatchingWindow = 50 * time.Millisecond
+	}
+	if o.MaxConcurrency == 0 {
+		o.MaxConcurrency = 2
+	}
+	if o.QueueVisibility == 0 {
+		o.QueueVisibility = 5 * time.Second
+	}
+	if o.MaxReceiveCount == 0 {
+		o.MaxReceiveCount = 5
+	}
+	return o
+}
+
+// NewLab creates the ledger table and the work queue and starts each
+// bootstrap under the emulator with the stack's environment plus env
+// (REAPER_* knobs), with NewLabWith's defaults.
 func NewLab(ctx context.Context, stack *localstack.Stack, table string, bootstraps map[string]string, env ...string) (*Lab, error) {
-	db := dynamodb.NewFromConfig(stack.AWSConfig(ctx))
+	return NewLabWith(ctx, stack, table, bootstraps, LabOptions{Env: env})
+}
+
+// NewLabWith is NewLab with options. A reconciler among the bootstraps
+// runs in opts.MaxConcurrency environments behind an event source mapping.
+func NewLabWith(ctx context.Context, stack *localstack.Stack, table string, bootstraps map[string]string, opts LabOptions) (*Lab, error) {
+	opts = opts.withDefaults()
+	awsCfg := stack.AWSConfig(ctx)
+	db := dynamodb.NewFromConfig(awsCfg)
 	if err := ledger.CreateTable(ctx, db, table); err != nil {
 		return nil, err
 	}
 	l := &Lab{
 		Stack: stack, Table: table, Ledger: ledger.New(db, table), Functions: map[string]*localstack.Function{},
-		Bootstraps: bootstraps, Env: append(append(stack.Env(), "REAPER_TABLE="+table), env...),
+		Bootstraps: bootstraps,
 	}
+	q := sqs.NewFromConfig(awsCfg)
+	var err error
+	if l.QueueURL, l.DeadLetterURL, err = createQueues(ctx, q, table+"-work", opts); err != nil {
+		return nil, err
+	}
+	l.Env = append(append(stack.Env(), "REAPER_TABLE="+table, "REAPER_QUEUE_URL="+l.QueueURL,
+		fmt.Sprintf("REAPER_RECONCILER_CONCURRENCY=%d", opts.MaxConcurrency)), opts.Env...)
 	for name, bin := range bootstraps {
-		f, err := localstack.StartFunction(ctx, bin, l.Env)
-		if err != nil {
-			l.Stop()
-			return nil, err
+		n := 1
+		if name == metrics.FunctionReconciler {
+			n = opts.MaxConcurrency
 		}
-		l.Functions[name] = f
+		for range n {
+			f, err := localstack.StartFunction(ctx, bin, l.Env)
+			if err != nil {
+				l.Stop()
+				return nil, err
+			}
+			if name == metrics.FunctionReconciler {
+				l.Reconcilers = append(l.Reconcilers, f)
+			}
+			if l.Functions[name] == nil {
+				l.Functions[name] = f
+			}
+		}
+	}
+	if len(l.Reconcilers) == 0 {
+		return l, nil
+	}
+	l.idle = make(chan *localstack.Function, len(l.Reconcilers))
+	for _, f := range l.Reconcilers {
+		l.idle <- f
+	}
+	l.Mapping, err = esm.New(esm.Config{
+		Client: q, QueueURL: l.QueueURL, Invoke: l.invokeReconciler,
+		BatchSize: opts.BatchSize, MaximumBatchingWindow: opts.BatchingWindow, MaxConcurrency: opts.MaxConcurrency,
+		ReportBatchItemFailures: true,
+	})
+	if err == nil {
+		err = l.Mapping.Start(context.WithoutCancel(ctx))
+	}
+	if err != nil {
+		l.Stop()
+		return nil, err
 	}
 	return l, nil
 }
 
-// Stop stops the functions (the stack is the caller's).
+// createQueues creates the work queue and its dead-letter queue, as the
+// construct does.
+func createQueues(ctx context.Context, q *sqs.Client, name string, opts LabOptions) (queueURL, deadLetterURL string, err error) {
+	dead, err := q.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name + "-dead")})
+	if err != nil {
+		return "", "", fmt.Errorf("create dead-letter queue: %w", err)
+	}
+	attrs, err := q.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: dead.QueueUrl, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn}})
+	if err != nil {
+		return "", "", err
+	}
+	redrive, err := json.Marshal(map[string]any{"deadLetterTargetArn": attrs.Attributes["QueueArn"], "maxReceiveCount": opts.MaxReceiveCount})
+	if err != nil {
+		return "", "", err
+	}
+	work, err := q.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: map[string]string{
+		"VisibilityTimeout": fmt.Sprint(int(opts.QueueVisibility.Seconds())),
+		"RedrivePolicy":     string(redrive),
+	}})
+	if err != nil {
+		return "", "", fmt.Errorf("create work queue: %w", err)
+	}
+	return aws.ToString(work.QueueUrl), aws.ToString(dead.QueueUrl), nil
+}
+
+// invokeReconciler runs one batch in an idle reconciler environment.
+func (l *Lab) invokeReconciler(ctx context.Context, payload []byte) ([]byte, error) {
+	var f *localstack.Function
+	select {
+	case f = <-l.idle:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { l.idle <- f }()
+	resp, fnErr, err := f.Invoke(ctx, payload)
+	if err == nil && fnErr != nil {
+		err = fnErr
+	}
+	return resp, err
+}
+
+// Drain waits until the work queue is empty and no batch is running: the
+// effects of every event handed to the functions are then complete.
+func (l *Lab) Drain(ctx context.Context) error {
+	if l.Mapping == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
+	defer cancel()
+	return l.Mapping.WaitDrained(ctx)
+}
+
+// DrainSent waits until every message sent to the work queue up to t has
+// left it: its batch has run and succeeded, or it went to the dead-letter
+// queue. Unlike Drain it does not wait for work queued later, so tests
+// sharing the lab do not wait for each other.
+func (l *Lab) DrainSent(ctx context.Context, t time.Time) error {
+	if l.Mapping == nil {
+		return nil
+	}
+	name := l.QueueURL[strings.LastIndex(l.QueueURL, "/")+1:]
+	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		n, ok := l.Stack.SQS.SentBefore(name, t)
+		if !ok {
+			return fmt.Errorf("no work queue %s", name)
+		}
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d work items sent by %s still queued: %w", n, t.Format(time.StampMicro), ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// drainTimeout bounds Drain: longer than a few visibility timeouts, so a
+// batch item failure's redelivery is waited for.
+const drainTimeout = 2 * time.Minute
+
+// Stop stops the mapping and the functions (the stack is the caller's).
 func (l *Lab) Stop() {
-	for _, f := range l.Functions {
+	if l.Mapping != nil {
+		l.Mapping.Stop()
+	}
+	for _, f := range l.Reconcilers {
 		f.Stop()
+	}
+	for name, f := range l.Functions {
+		if name != metrics.FunctionReconciler {
+			f.Stop()
+		}
 	}
 }
 
@@ -135,9 +329,25 @@ func (l *Lab) Play(ctx context.Context, st LiveStep, out any) error {
 	return l.Invoke(ctx, st.Function, st.Payload, out)
 }
 
-// Invoke sends one event to a function and decodes its response into out
-// (when not nil). A function error is returned as *localstack.FunctionError.
+// Invoke sends one event to a function, waits until the work it handed to
+// the queue is done (DrainSent), and decodes its response into out (when not
+// nil). A function error is returned as *localstack.FunctionError, after
+// the drain: what the function queued before it failed is done too.
 func (l *Lab) Invoke(ctx context.Context, function string, payload []byte, out any) error {
+	err := l.InvokeOnly(ctx, function, payload, out)
+	var fnErr *localstack.FunctionError
+	if err != nil && !errors.As(err, &fnErr) {
+		return err
+	}
+	if err := l.DrainSent(ctx, time.Now()); err != nil {
+		return err
+	}
+	return err
+}
+
+// InvokeOnly is Invoke without the wait: it returns once the function has,
+// with its work possibly still on the queue.
+func (l *Lab) InvokeOnly(ctx context.Context, function string, payload []byte, out any) error {
 	f, ok := l.Functions[function]
 	if !ok {
 		return fmt.Errorf("function %s is not running", function)

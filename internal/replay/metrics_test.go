@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 )
 
@@ -80,48 +79,75 @@ func metric(lines []emfLine, function, name string, dims map[string]string) (uni
 	return unit, values, found
 }
 
-// An exit's invocation reports, as metrics in its own log, the line it
-// recorded and the one it rejected, the Pod it finalized, the instance it
-// terminated and how long after the container finished each happened.
+// An exit's invocations report, as metrics in their own logs, the line the
+// exitrecorder recorded and the one it rejected, and the Pod the reconciler
+// finalized, the instance it terminated and how long after the container
+// finished each happened.
 func TestExitMetrics(t *testing.T) {
 	t.Parallel()
-	f := localstack.MustStartFunction(t, lab.Bootstraps["exitrecorder"], lab.Env)
+	// A deployment of its own, so that the reconciler's log holds this
+	// exit's metrics alone.
+	bins := map[string]string{"exitrecorder": lab.Bootstraps["exitrecorder"], "reconciler": lab.Bootstraps["reconciler"]}
+	own, err := NewLabWith(t.Context(), lab.Stack, "reaper-metrics", bins, LabOptions{MaxConcurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(own.Stop)
 	sc := prepare(t, "metrics", corev1.RestartPolicyNever, nil)
 	before := time.Now()
-	resp, fnErr, err := f.Invoke(t.Context(), sc.Payloads("exitrecorder")[0])
-	if err != nil || fnErr != nil {
-		t.Fatalf("exitrecorder: %v %v %s", err, fnErr, resp)
+	if err := own.Invoke(t.Context(), "exitrecorder", sc.Payloads("exitrecorder")[0], nil); err != nil {
+		t.Fatalf("exitrecorder: %v", err)
 	}
 	pod := getPod(t, "jobs", "job-metrics")
 	wantEnded(t, pod, corev1.PodSucceeded, 0, "Completed")
 	finished := pod.Status.ContainerStatuses[0].State.Terminated.FinishedAt.Time
-	lines := emfLines(t, f.Logs())
-	if len(lines) == 0 {
-		t.Fatalf("no metric lines in the log:\n%s", f.Logs())
+	recorder, reconciler := emfLines(t, own.Functions["exitrecorder"].Logs()), emfLines(t, own.Reconcilers[0].Logs())
+	if len(recorder) == 0 || len(reconciler) == 0 {
+		t.Fatalf("no metric lines in the logs:\n%s\n%s", own.Functions["exitrecorder"].Logs(), own.Reconcilers[0].Logs())
 	}
 	for _, tc := range []struct {
-		name  string
-		dims  map[string]string
-		count float64
+		function string
+		name     string
+		dims     map[string]string
+		count    float64
 	}{
-		{metrics.ExitsRecorded, nil, 1},
-		{metrics.LinesRejected, map[string]string{metrics.ReasonDim: metrics.ReasonInvalid}, 1},
-		{metrics.PodsFinalized, map[string]string{metrics.OutcomeDim: metrics.OutcomeSucceeded}, 1},
-		{metrics.InstancesTerminated, nil, 1},
+		{metrics.FunctionExitRecorder, metrics.ExitsRecorded, nil, 1},
+		{metrics.FunctionExitRecorder, metrics.LinesRejected, map[string]string{metrics.ReasonDim: metrics.ReasonInvalid}, 1},
+		{metrics.FunctionExitRecorder, metrics.WorkItemsQueued, nil, 1},
+		{metrics.FunctionReconciler, metrics.PodsFinalized, map[string]string{metrics.OutcomeDim: metrics.OutcomeSucceeded}, 1},
+		{metrics.FunctionReconciler, metrics.InstancesTerminated, nil, 1},
 	} {
-		unit, values, ok := metric(lines, metrics.FunctionExitRecorder, tc.name, tc.dims)
+		lines := recorder
+		if tc.function == metrics.FunctionReconciler {
+			lines = reconciler
+		}
+		unit, values, ok := metric(lines, tc.function, tc.name, tc.dims)
 		if !ok || unit != "Count" || len(values) != 1 || values[0] != tc.count {
-			t.Errorf("%s %v: found=%v unit %q values %v, want Count %v", tc.name, tc.dims, ok, unit, values, tc.count)
+			t.Errorf("%s %s %v: found=%v unit %q values %v, want Count %v", tc.function, tc.name, tc.dims, ok, unit, values, tc.count)
 		}
 	}
 	// The recording's container finished days ago: each latency is the
 	// time from then to the step, in milliseconds. The Pod shows the finish
-	// in whole seconds, the line has it to the nanosecond.
+	// in whole seconds, the line has it to the nanosecond. The reconciler
+	// measures its record of the checked exit too.
 	low, high := float64(before.Sub(finished.Add(time.Second)).Milliseconds()), float64(time.Since(finished).Milliseconds())
-	for _, name := range []string{metrics.FinishToRecorded, metrics.FinishToPodTerminal, metrics.FinishToTerminated} {
-		unit, values, ok := metric(lines, metrics.FunctionExitRecorder, name, nil)
+	for _, tc := range []struct {
+		lines    []emfLine
+		function string
+		name     string
+	}{
+		{recorder, metrics.FunctionExitRecorder, metrics.FinishToRecorded},
+		{reconciler, metrics.FunctionReconciler, metrics.FinishToRecorded},
+		{reconciler, metrics.FunctionReconciler, metrics.FinishToPodTerminal},
+		{reconciler, metrics.FunctionReconciler, metrics.FinishToTerminated},
+	} {
+		unit, values, ok := metric(tc.lines, tc.function, tc.name, nil)
 		if !ok || unit != "Milliseconds" || len(values) != 1 || values[0] < low || values[0] > high {
-			t.Errorf("%s: found=%v unit %q values %v, want one value in [%v, %v] ms", name, ok, unit, values, low, high)
+			t.Errorf("%s %s: found=%v unit %q values %v, want one value in [%v, %v] ms", tc.function, tc.name, ok, unit, values, low, high)
 		}
+	}
+	// And how long the work waited in the queue.
+	if unit, values, ok := metric(reconciler, metrics.FunctionReconciler, metrics.QueueAge, nil); !ok || unit != "Milliseconds" || len(values) != 1 || values[0] < 0 || values[0] > float64(time.Since(before).Milliseconds()) {
+		t.Errorf("%s: found=%v unit %q values %v", metrics.QueueAge, ok, unit, values)
 	}
 }

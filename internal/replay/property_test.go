@@ -36,7 +36,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/statechange"
 )
 
-var interleavings = flag.Int("interleavings", 200, "random interleavings per scenario in TestInterleavings")
+var interleavings = flag.Int("interleavings", 100, "random interleavings per scenario in TestInterleavings (two instances each)")
 
 // An event of a property scenario, before it is bound to a run's instance.
 type propEvent struct {
@@ -86,9 +86,11 @@ var propScenarios = []propScenario{
 }
 
 // TestInterleavings replays each scenario's events in many seeded random
-// orders, with duplicates and with sweeps at random points, and checks that
-// every order ends where the in-order run ends: the same Pod status, ledger
-// and instance state. A watch counts the status writes the apiserver
+// orders, with duplicates, with sweeps and reconciler batches at random
+// points, with redelivered work items, and for two instances at once whose
+// work shares the batches; it checks that every order ends where the
+// in-order run ends, for both: the same Pod status, ledger and instance
+// state. A watch counts the status writes the apiserver
 // accepts: a Pod that is Succeeded or Failed must never be written again.
 func TestInterleavings(t *testing.T) {
 	t.Parallel()
@@ -116,6 +118,7 @@ type propHarness struct {
 	ns     string
 	ec2    *ec2server.Server
 	core   *reaper.Reaper
+	queue  *memQueue
 	clock  atomic.Int64 // unix nanos
 	writes *writeCounter
 }
@@ -124,7 +127,7 @@ const propWindow = time.Minute
 
 func newPropHarness(t *testing.T, sc propScenario) *propHarness {
 	ctx := t.Context()
-	h := &propHarness{sc: sc, ns: "prop-" + sc.name, ec2: ec2server.New()}
+	h := &propHarness{sc: sc, ns: "prop-" + sc.name, ec2: ec2server.New(), queue: &memQueue{}}
 	t.Cleanup(h.ec2.Close)
 	kc, err := kubernetes.NewForConfig(lab.Stack.RESTConfig())
 	if err != nil {
@@ -134,7 +137,7 @@ func newPropHarness(t *testing.T, sc propScenario) *propHarness {
 		t.Fatal(err)
 	}
 	h.writes = watchWrites(t, kc, h.ns)
-	h.core = newPropCore(t, propCore{table: "prop-" + sc.name, ec2: h.ec2, cluster: localstack.Cluster, clock: &h.clock})
+	h.core = newPropCore(t, propCore{table: "prop-" + sc.name, ec2: h.ec2, cluster: localstack.Cluster, clock: &h.clock, queue: h.queue})
 	return h
 }
 
@@ -144,6 +147,7 @@ type propCore struct {
 	ec2     *ec2server.Server
 	cluster string
 	clock   *atomic.Int64 // unix nanos
+	queue   reaper.Queue
 	// ec2Wrap and kubeWrap, when set, see every request the core sends.
 	ec2Wrap, kubeWrap func(http.RoundTripper) http.RoundTripper
 }
@@ -178,71 +182,105 @@ func newPropCore(t *testing.T, c propCore) *reaper.Reaper {
 		Pods:   kube.NewStatusWriter(core, false),
 		Fleet:  instances.NewFleet(ec2Client, instances.DefaultTagKeys(), c.cluster, false),
 		Policy: reaper.Policy{ExitWait: propWindow, TerminateStopped: true},
+		Queue:  c.queue,
 		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Now:    func() time.Time { return time.Unix(0, c.clock.Load()) },
 	}
 }
 
-// run plays one interleaving (rng nil: in order, once each) for a fresh Pod
-// and instance, and returns the normalized end state.
+// subject is one instance of a run and its Pod.
+type subject struct {
+	id  string
+	pod *corev1.Pod
+}
+
+// run plays one interleaving (rng nil: in order, once each, a batch after
+// each event) for two fresh Pods and instances, and returns the normalized
+// end state, which must be the same for both.
 func (h *propHarness) run(t *testing.T, n int, rng *rand.Rand) string {
 	ctx := t.Context()
 	start := time.Now().Truncate(time.Second)
 	h.clock.Store(start.UnixNano())
-	name := fmt.Sprintf("%s-%03d", h.sc.name, n)
-	pod, err := lab.RunningPod(ctx, h.ns, name, h.sc.policy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := fmt.Sprintf("i-%017x", 0x0b0b000000000000+uint64(n)+uint64(len(h.sc.name))<<32)
-	h.ec2.AddInstance(ec2server.Instance{ID: id, State: ec2server.Running, LaunchTime: start.Add(-time.Hour),
-		Tags: InstanceTags(pod, true, localstack.Cluster)})
-	if h.sc.endedElsewhere {
-		patch := []byte(`{"status":{"phase":"Failed","reason":"Evicted","containerStatuses":[{"name":"main","image":"busybox","imageID":"","ready":false,"restartCount":0,"state":{"terminated":{"exitCode":2,"reason":"Error"}}}]}}`)
-		if _, err := lab.Stack.Kube.CoreV1().Pods(h.ns).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+	var subjects []subject
+	for k := range 2 {
+		name := fmt.Sprintf("%s-%03d-%d", h.sc.name, n, k)
+		pod, err := lab.RunningPod(ctx, h.ns, name, h.sc.policy)
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	if h.sc.orphan {
-		if err := lab.Stack.Kube.CoreV1().Pods(h.ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	// The schedule: every event once in order, or shuffled with duplicates
-	// and sweeps mixed in.
-	var schedule []int // index into events; -1 is a sweep
-	for i := range h.sc.events {
-		schedule = append(schedule, i)
-	}
-	if rng != nil {
-		for i := range h.sc.events {
-			for range rng.IntN(3) {
-				schedule = append(schedule, i)
+		id := fmt.Sprintf("i-%017x", 0x0b0b000000000000+uint64(2*n+k)+uint64(len(h.sc.name))<<32)
+		h.ec2.AddInstance(ec2server.Instance{ID: id, State: ec2server.Running, LaunchTime: start.Add(-time.Hour),
+			Tags: InstanceTags(pod, true, localstack.Cluster)})
+		if h.sc.endedElsewhere {
+			patch := []byte(`{"status":{"phase":"Failed","reason":"Evicted","containerStatuses":[{"name":"main","image":"busybox","imageID":"","ready":false,"restartCount":0,"state":{"terminated":{"exitCode":2,"reason":"Error"}}}]}}`)
+			if _, err := lab.Stack.Kube.CoreV1().Pods(h.ns).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+				t.Fatal(err)
 			}
 		}
+		if h.sc.orphan {
+			if err := lab.Stack.Kube.CoreV1().Pods(h.ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		subjects = append(subjects, subject{id: id, pod: pod})
+	}
+
+	// The schedule: every event of each instance once in order, or
+	// shuffled with duplicates, sweeps and reconciler batches mixed in.
+	const sweep, batch = -1, -2
+	type step struct{ subject, event int }
+	var schedule []step
+	for k := range subjects {
+		for i := range h.sc.events {
+			schedule = append(schedule, step{k, i})
+			if rng == nil {
+				schedule = append(schedule, step{k, batch})
+			}
+			if rng != nil {
+				for range rng.IntN(3) {
+					schedule = append(schedule, step{k, i})
+				}
+			}
+		}
+	}
+	if rng != nil {
 		for range rng.IntN(4) {
-			schedule = append(schedule, -1)
+			schedule = append(schedule, step{0, sweep})
+		}
+		for range 1 + rng.IntN(4) {
+			schedule = append(schedule, step{0, batch})
 		}
 		rng.Shuffle(len(schedule), func(i, j int) { schedule[i], schedule[j] = schedule[j], schedule[i] })
 	}
-	// The world: what happened to the instance outside Reaper.
+	// The world: what happened to the instances outside Reaper.
 	if h.sc.world != ec2server.Running {
-		h.ec2.SetState(id, h.sc.world)
-	}
-	for _, i := range schedule {
-		if i < 0 {
-			_, _ = h.core.Sweep(ctx, time.Minute) // errors are retried by the final sweep
-			continue
+		for _, s := range subjects {
+			h.ec2.SetState(s.id, h.sc.world)
 		}
-		h.play(t, h.sc.events[i], id, pod, start)
+	}
+	for _, st := range schedule {
+		switch st.event {
+		case sweep:
+			_, _ = h.core.Sweep(ctx, time.Minute) // errors are retried by the final sweep
+		case batch:
+			h.queue.batch(t, h.core, rng)
+		default:
+			s := subjects[st.subject]
+			h.play(t, h.sc.events[st.event], s.id, s.pod, start)
+		}
 	}
 	// After the window: the final sweep settles what is left.
+	h.queue.drain(t, h.core)
 	h.clock.Store(start.Add(propWindow + time.Minute).UnixNano())
 	if _, err := h.core.Sweep(ctx, time.Minute); err != nil {
 		t.Fatalf("final sweep: %v", err)
 	}
-	return h.endState(t, id, pod, start)
+	h.queue.drain(t, h.core)
+	first := h.endState(t, subjects[0].id, subjects[0].pod, start)
+	if second := h.endState(t, subjects[1].id, subjects[1].pod, start); second != first {
+		t.Fatalf("the two instances of one run end differently:\n%s\n%s", first, second)
+	}
+	return first
 }
 
 func (h *propHarness) play(t *testing.T, e propEvent, id string, pod *corev1.Pod, start time.Time) {

@@ -108,14 +108,24 @@ func TestPodWriteBeforeTerminate(t *testing.T) {
 	}
 }
 
-// Work the events left undone is redone by the sweep in one go: every Pod
-// first, then one TerminateInstances for all the instances.
-func TestSweepTerminatesTogether(t *testing.T) {
-	// Not parallel: it sweeps and makes EC2 fail for everyone.
+// Exits that reach the queue together are reconciled in one batch: one
+// tag lookup for all the instances, every Pod first, then one
+// TerminateInstances for all of them.
+func TestBatchTerminatesTogether(t *testing.T) {
+	t.Parallel()
 	const n = 5
+	// A deployment of its own with a long batching window, so that the n
+	// exits land in one batch.
+	bins := map[string]string{"exitrecorder": lab.Bootstraps["exitrecorder"], "reconciler": lab.Bootstraps["reconciler"]}
+	batched, err := NewLabWith(t.Context(), lab.Stack, "reaper-batched", bins, LabOptions{BatchingWindow: 2 * time.Second, MaxConcurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(batched.Stop)
 	var ids []string
+	var payloads [][]byte
 	for i := range n {
-		pod, err := lab.RunningPod(t.Context(), "sweep-batch", fmt.Sprintf("batch-%02d", i), corev1.RestartPolicyNever)
+		pod, err := lab.RunningPod(t.Context(), "batch", fmt.Sprintf("batch-%02d", i), corev1.RestartPolicyNever)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,25 +136,39 @@ func TestSweepTerminatesTogether(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lab.Stack.EC2.FailNext("TerminateInstances", 1, "UnauthorizedOperation", 403)
-		if err := lab.Invoke(t.Context(), "exitrecorder", b, nil); err == nil {
-			t.Fatal("exitrecorder succeeded while TerminateInstances failed")
-		}
-		wantEnded(t, getPod(t, "sweep-batch", pod.Name), corev1.PodSucceeded, 0, "Completed")
+		payloads = append(payloads, b)
 	}
-	before := len(lab.Stack.EC2.Calls())
-	sweepNow(t)
-	var calls [][]string
-	for _, c := range lab.Stack.EC2.Calls()[before:] {
-		if c.Action == "TerminateInstances" && c.ErrorCode == "" {
-			calls = append(calls, c.InstanceIDs)
+	for _, p := range payloads {
+		if err := batched.InvokeOnly(t.Context(), "exitrecorder", p, nil); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if len(calls) != 1 || len(calls[0]) < n {
-		t.Fatalf("TerminateInstances calls of the sweep: %v, want one naming all of %v", calls, ids)
+	if err := batched.Drain(t.Context()); err != nil {
+		t.Fatal(err)
 	}
-	for _, id := range ids {
-		if instanceState(t, id) != ec2server.Terminated || !slices.Contains(calls[0], id) {
+	if sizes := batched.Mapping.Stats().BatchSizes; len(sizes) != 1 || sizes[0] != n {
+		t.Fatalf("batch sizes %v, want one batch of %d", sizes, n)
+	}
+	var terminates [][]string
+	describes := 0
+	for _, c := range lab.Stack.EC2.Calls() {
+		switch {
+		case c.ErrorCode != "" || !slices.ContainsFunc(ids, func(id string) bool { return names(c, id) }):
+		case c.Action == "TerminateInstances":
+			terminates = append(terminates, c.InstanceIDs)
+		case c.Action == "DescribeInstances":
+			describes++
+		}
+	}
+	if len(terminates) != 1 || len(terminates[0]) != n {
+		t.Fatalf("TerminateInstances calls %v, want one naming all of %v", terminates, ids)
+	}
+	if describes != 1 {
+		t.Fatalf("%d tag lookups for one batch", describes)
+	}
+	for i, id := range ids {
+		wantEnded(t, getPod(t, "batch", fmt.Sprintf("batch-%02d", i)), corev1.PodSucceeded, 0, "Completed")
+		if instanceState(t, id) != ec2server.Terminated {
 			t.Fatalf("instance %s: %s", id, instanceState(t, id))
 		}
 	}

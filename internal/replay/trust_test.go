@@ -2,9 +2,9 @@ package replay
 
 import (
 	"encoding/json"
-	"errors"
 	"maps"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,14 +27,21 @@ func wantUntouched(t *testing.T, pod *corev1.Pod) {
 	}
 }
 
-func wantRejected(t *testing.T, sum reaper.ExitSummary, reasons map[string]int) {
+// wantRejected invokes the exitrecorder with payload and checks that the
+// reconciler did not believe its lines, for reasons.
+func wantRejected(t *testing.T, payload []byte, reasons map[string]int) {
 	t.Helper()
-	n := 0
-	for _, c := range reasons {
-		n += c
+	before := map[string]int{}
+	for r := range reasons {
+		before[r] = lab.rejections(t, r)
 	}
-	if sum.Recorded != 0 || sum.Rejected != n || !maps.Equal(sum.RejectedFor, reasons) || sum.PodResult != "" || sum.Terminate != "" {
-		t.Fatalf("summary %+v, want %v rejected and nothing done", sum, reasons)
+	if sum := invokeExit(t, payload); sum.Rejected != 0 || sum.Queued != 1 {
+		t.Fatalf("summary %+v, want the line queued for its check", sum)
+	}
+	for r, n := range reasons {
+		if got := lab.rejections(t, r) - before[r]; got != n {
+			t.Fatalf("%d lines not believed for %s, want %d", got, r, n)
+		}
 	}
 }
 
@@ -42,6 +49,16 @@ func wantNoRecord(t *testing.T, id string) {
 	t.Helper()
 	if _, ok, err := lab.Ledger.Get(t.Context(), id); err != nil || ok {
 		t.Fatalf("ledger record of %s: ok=%v err=%v", id, ok, err)
+	}
+}
+
+// wantSettledUnverified checks the exitrecorder's record of a line the
+// reconciler did not believe: kept as it came, unverified, with nothing
+// done and nothing pending.
+func wantSettledUnverified(t *testing.T, id string) {
+	t.Helper()
+	if rec := record(t, id); !rec.Unverified || rec.Pending != "" || rec.PodSynced != "" || !rec.Terminated.IsZero() {
+		t.Fatalf("ledger record of %s: %+v", id, rec)
 	}
 }
 
@@ -54,13 +71,13 @@ func TestOtherClusterUntouched(t *testing.T) {
 	}
 	exited, spotted := sc.Instances["other-exit"], sc.Instances["other-spot"]
 
-	wantRejected(t, invokeExit(t, sc.Payloads("exitrecorder")[0]), map[string]int{reaper.DistrustOtherCluster: 1})
+	wantRejected(t, sc.Payloads("exitrecorder")[0], map[string]int{reaper.DistrustOtherCluster: 1})
 	lab.Stack.EC2.SetState(spotted, ec2server.Terminated)
 	var state reaper.StateSummary
 	if err := lab.Invoke(t.Context(), "statechange", sc.Payloads("statechange")[0], &state); err != nil {
 		t.Fatal(err)
 	}
-	if state.Skipped != "not owned" {
+	if !state.Queued {
 		t.Fatalf("state change of another cluster's instance: %+v", state)
 	}
 	// Its Pod is gone: to this deployment's sweep it would be an orphan.
@@ -72,7 +89,7 @@ func TestOtherClusterUntouched(t *testing.T) {
 		t.Fatal("another cluster's instance was terminated")
 	}
 	wantUntouched(t, sc.Pods["other-spot"])
-	wantNoRecord(t, exited)
+	wantSettledUnverified(t, exited)
 	wantNoRecord(t, spotted)
 }
 
@@ -83,7 +100,7 @@ func TestLineNamingAnotherPod(t *testing.T) {
 	sc := prepare(t, "pod-mismatch", corev1.RestartPolicyNever, nil)
 	writer := sc.Instances["writer"]
 	for _, p := range sc.Payloads("exitrecorder") {
-		wantRejected(t, invokeExit(t, p), map[string]int{reaper.DistrustPodMismatch: 1})
+		wantRejected(t, p, map[string]int{reaper.DistrustPodMismatch: 1})
 	}
 	wantUntouched(t, sc.Pods["writer"])
 	wantUntouched(t, sc.Pods["victim"])
@@ -92,7 +109,7 @@ func TestLineNamingAnotherPod(t *testing.T) {
 			t.Fatalf("instance %s terminated", id)
 		}
 	}
-	wantNoRecord(t, writer)
+	wantSettledUnverified(t, writer)
 	// Restart lines are checked like the rest: one lookup per delivery.
 	if n := lookups(writer); n != 2 {
 		t.Fatalf("%d tag lookups for 2 deliveries", n)
@@ -100,17 +117,18 @@ func TestLineNamingAnotherPod(t *testing.T) {
 }
 
 // The tag lookup fails: the exit is kept, unverified, and nothing acts on
-// it until EC2 answers. A forged line kept that way is dropped once the
-// tags are read, and the real Pod is left alone.
+// it until EC2 answers; the queue brings the work back. A forged line kept
+// that way is dropped once the tags are read, and the real Pod is left
+// alone.
 func TestTagLookupFails(t *testing.T) {
 	t.Run("real line", func(t *testing.T) {
 		sc := prepare(t, "lookup-fails", corev1.RestartPolicyNever, nil)
 		id := sc.Instances["job-lookup-fails"]
 		lab.Stack.EC2.FailNext("DescribeInstances", 1, "UnauthorizedOperation", 403)
-		err := lab.Invoke(t.Context(), "exitrecorder", sc.Payloads("exitrecorder")[0], nil)
-		if fnErr := (*localstack.FunctionError)(nil); !errors.As(err, &fnErr) {
-			t.Fatalf("invoke with the tag lookup failing: %v, want a function error", err)
+		if err := lab.InvokeOnly(t.Context(), "exitrecorder", sc.Payloads("exitrecorder")[0], nil); err != nil {
+			t.Fatal(err)
 		}
+		waitFailedBatch(t)
 		if rec := record(t, id); rec.Exit == nil || !rec.Unverified || rec.PodSynced != "" || !rec.Terminated.IsZero() {
 			t.Fatalf("ledger after the failed lookup: %+v", rec)
 		}
@@ -118,32 +136,51 @@ func TestTagLookupFails(t *testing.T) {
 		if terminateCalls(id) != 0 {
 			t.Fatal("terminated on an unverified line")
 		}
-		invokeExit(t, sc.Payloads("exitrecorder")[0]) // the retry
+		if err := lab.DrainSent(t.Context(), time.Now()); err != nil { // the redelivery
+			t.Fatal(err)
+		}
 		wantEnded(t, getPod(t, "jobs", "job-lookup-fails"), corev1.PodSucceeded, 0, "Completed")
 		if rec := record(t, id); rec.Unverified || rec.PodSynced != "exit/0" || terminateCalls(id) != 1 {
-			t.Fatalf("ledger after the retry: %+v, %d terminate calls", rec, terminateCalls(id))
+			t.Fatalf("ledger after the redelivery: %+v, %d terminate calls", rec, terminateCalls(id))
 		}
 	})
 	t.Run("forged line", func(t *testing.T) {
 		sc := prepare(t, "unverified", corev1.RestartPolicyNever, nil)
 		writer := sc.Instances["unverified-writer"]
 		lab.Stack.EC2.FailNext("DescribeInstances", 1, "UnauthorizedOperation", 403)
-		if err := lab.Invoke(t.Context(), "exitrecorder", sc.Payloads("exitrecorder")[0], nil); err == nil {
-			t.Fatal("invoke with the tag lookup failing succeeded")
+		if err := lab.InvokeOnly(t.Context(), "exitrecorder", sc.Payloads("exitrecorder")[0], nil); err != nil {
+			t.Fatal(err)
 		}
+		waitFailedBatch(t)
 		if rec := record(t, writer); !rec.Unverified || rec.Pod.Name != "unverified-victim" {
 			t.Fatalf("ledger: %+v", rec)
+		}
+		if err := lab.DrainSent(t.Context(), time.Now()); err != nil {
+			t.Fatal(err)
 		}
 		sum := sweepNow(t)
 		wantUntouched(t, sc.Pods["unverified-victim"])
 		wantUntouched(t, sc.Pods["unverified-writer"])
 		if terminateCalls(writer) != 0 || instanceState(t, writer) != ec2server.Running {
-			t.Fatalf("sweep acted on a forged record: %+v", sum)
+			t.Fatalf("acted on a forged record: %+v", sum)
 		}
-		if rec := record(t, writer); rec.Pending != "" {
-			t.Fatalf("forged record left pending: %+v", rec)
-		}
+		wantSettledUnverified(t, writer)
 	})
+}
+
+// waitFailedBatch waits until the reconcilers have run a batch whose tag
+// lookup failed.
+func waitFailedBatch(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for _, c := range lab.Stack.EC2.Calls() {
+			if c.Action == "DescribeInstances" && c.ErrorCode == "UnauthorizedOperation" {
+				time.Sleep(200 * time.Millisecond) // the batch's response
+				return
+			}
+		}
+	}
+	t.Fatal("no failed tag lookup")
 }
 
 // A restart-pending exit does not outlive its instance: once the window
@@ -162,7 +199,7 @@ func TestRestartPendingThenSpot(t *testing.T) {
 		t.Fatalf("finalized before the window closed: %s", p.Status.Phase)
 	}
 	waitPast(until)
-	if sum := sweepNow(t); sum.PodsLost < 1 {
+	if sum := sweepNow(t); sum.Queued < 1 {
 		t.Fatalf("sweep after the window: %+v", sum)
 	}
 	pod := getPod(t, "services", "restart-spot")
@@ -187,14 +224,22 @@ func TestRestartPendingOrphan(t *testing.T) {
 	if err != nil || fnErr != nil || json.Unmarshal(resp, &sum) != nil || sum.Orphans < 1 {
 		t.Fatalf("sweep: %v %v %s", err, fnErr, resp)
 	}
+	if err := lab.DrainSent(t.Context(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	if terminateCalls(id) != 1 || instanceState(t, id) != ec2server.Terminated {
 		t.Fatal("restart-pending orphan not terminated")
 	}
-	lines := emfLines(t, sweeper.Logs())
-	for _, name := range []string{metrics.OrphansFound, metrics.OrphansTerminated} {
-		if unit, values, ok := metric(lines, metrics.FunctionSweeper, name, nil); !ok || unit != "Count" || len(values) != 1 || values[0] < 1 {
-			t.Errorf("%s: found=%v unit %q values %v, want a count of at least 1", name, ok, unit, values)
-		}
+	if unit, values, ok := metric(emfLines(t, sweeper.Logs()), metrics.FunctionSweeper, metrics.OrphansFound, nil); !ok || unit != "Count" || len(values) != 1 || values[0] < 1 {
+		t.Errorf("%s: found=%v unit %q values %v, want a count of at least 1", metrics.OrphansFound, ok, unit, values)
+	}
+	var terminated []float64
+	for _, f := range lab.Reconcilers {
+		_, values, _ := metric(emfLines(t, f.Logs()), metrics.FunctionReconciler, metrics.OrphansTerminated, nil)
+		terminated = append(terminated, values...)
+	}
+	if len(terminated) == 0 {
+		t.Errorf("no %s count in the reconcilers' logs", metrics.OrphansTerminated)
 	}
 }
 

@@ -30,6 +30,7 @@ type side struct {
 	cluster string
 	ns      string
 	core    *reaper.Reaper
+	queue   *memQueue
 	writes  *writeCounter
 
 	mu         sync.Mutex
@@ -75,8 +76,9 @@ func TestTwoClusters(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.writes = watchWrites(t, lab.Stack.Kube, s.ns)
+		s.queue = &memQueue{}
 		s.core = newPropCore(t, propCore{table: "two-" + s.cluster, ec2: shared, cluster: s.cluster, clock: &clock,
-			ec2Wrap: s.recordEC2, kubeWrap: s.recordKube})
+			queue: s.queue, ec2Wrap: s.recordEC2, kubeWrap: s.recordKube})
 	}
 	run := func(n int, rng *rand.Rand) string {
 		return runTwoClusters(t, shared, &clock, sides, n, rng)
@@ -150,11 +152,12 @@ func runTwoClusters(t *testing.T, shared *ec2server.Server, clock *atomic.Int64,
 	}
 
 	// Deliveries: each exit line to its own side and to the other; each
-	// state change to both; sweeps of either.
+	// state change to both; sweeps and reconciler batches of either.
+	const sweep, batch = -1, -2
 	type delivery struct {
 		to    int
 		pod   int
-		event int // -1: a sweep of side to
+		event int // or sweep, batch: of side to
 	}
 	var schedule []delivery
 	for p, lp := range pods {
@@ -166,7 +169,10 @@ func runTwoClusters(t *testing.T, shared *ec2server.Server, clock *atomic.Int64,
 	}
 	if rng != nil {
 		for range rng.IntN(5) {
-			schedule = append(schedule, delivery{rng.IntN(2), 0, -1})
+			schedule = append(schedule, delivery{rng.IntN(2), 0, sweep})
+		}
+		for range rng.IntN(6) {
+			schedule = append(schedule, delivery{rng.IntN(2), 0, batch})
 		}
 		rng.Shuffle(len(schedule), func(i, j int) { schedule[i], schedule[j] = schedule[j], schedule[i] })
 	}
@@ -177,8 +183,12 @@ func runTwoClusters(t *testing.T, shared *ec2server.Server, clock *atomic.Int64,
 	}
 	for _, d := range schedule {
 		core := sides[d.to].core
-		if d.event < 0 {
+		switch d.event {
+		case sweep:
 			_, _ = core.Sweep(ctx, time.Minute) // errors are retried by the final sweeps
+			continue
+		case batch:
+			sides[d.to].queue.batch(t, core, rng)
 			continue
 		}
 		lp := pods[d.pod]
@@ -193,11 +203,15 @@ func runTwoClusters(t *testing.T, shared *ec2server.Server, clock *atomic.Int64,
 			t.Fatalf("state change: %v", err)
 		}
 	}
+	for _, s := range sides {
+		s.queue.drain(t, s.core)
+	}
 	clock.Store(start.Add(propWindow + time.Minute).UnixNano())
 	for _, s := range sides {
 		if _, err := s.core.Sweep(ctx, time.Minute); err != nil {
 			t.Fatalf("final sweep of %s: %v", s.cluster, err)
 		}
+		s.queue.drain(t, s.core)
 	}
 
 	var b strings.Builder

@@ -162,6 +162,26 @@ func (s *Server) Depth(name string) (d Depth, ok bool) {
 	return q.depth(now), true
 }
 
+// SentBefore counts the messages of the queue called name that were sent
+// at or before t and are still in it (visible, in flight or delayed): a
+// message leaves only when it is deleted, moved to a dead-letter queue or
+// expires. ok is false when there is no such queue.
+func (s *Server) SentBefore(name string, t time.Time) (n int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q, ok := s.queues[name]
+	if !ok {
+		return 0, false
+	}
+	q.tidy(s.now())
+	for _, m := range q.msgs {
+		if !m.deleted && !m.sentAt.After(t) {
+			n++
+		}
+	}
+	return n, true
+}
+
 // Calls returns a copy of every request answered since New or ResetCalls,
 // in the order they were answered (a long poll is recorded when it ends).
 func (s *Server) Calls() []Call {

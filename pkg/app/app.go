@@ -15,6 +15,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/instances"
@@ -23,6 +24,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
 // Retry tuning: EC2 throttles a busy account for seconds at a time
@@ -54,9 +56,24 @@ func Logger(level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: level}))
 }
 
-// New builds the Reaper of the named function from the environment.
+// needs are what each function reaches besides the work queue: the
+// exitrecorder writes the ledger only; statechange only enqueues; the
+// sweeper reads Pods but changes none; only the reconciler terminates.
+var needs = map[string]config.Needs{
+	metrics.FunctionExitRecorder: {Ledger: true},
+	metrics.FunctionStateChange:  {},
+	metrics.FunctionSweeper:      {Ledger: true, Kube: true},
+	metrics.FunctionReconciler:   {Ledger: true, Kube: true},
+}
+
+// New builds the Reaper of the named function from the environment, with
+// the clients that function uses and no others.
 func New(ctx context.Context, function string) (*reaper.Reaper, config.Config, error) {
-	cfg, err := config.FromEnv(os.Getenv)
+	need, ok := needs[function]
+	if !ok {
+		return nil, config.Config{}, fmt.Errorf("unknown function %q", function)
+	}
+	cfg, err := config.Read(os.Getenv, need)
 	if err != nil {
 		return nil, cfg, err
 	}
@@ -64,25 +81,37 @@ func New(ctx context.Context, function string) (*reaper.Reaper, config.Config, e
 	if err != nil {
 		return nil, cfg, fmt.Errorf("aws configuration: %w", err)
 	}
-	rest, err := kubeclient.RESTConfig(ctx, cfg.Kube, awsCfg)
-	if err != nil {
-		return nil, cfg, err
-	}
-	kc, err := kube.NewClient(rest)
-	if err != nil {
-		return nil, cfg, fmt.Errorf("kubernetes client: %w", err)
-	}
 	log := Logger(cfg.LogLevel)
-	return &reaper.Reaper{
-		Ledger:  ledger.New(dynamodb.NewFromConfig(awsCfg), cfg.Table),
-		Pods:    kube.NewStatusWriter(kc, cfg.DryRun),
-		Fleet:   instances.NewFleet(ec2.NewFromConfig(awsCfg), cfg.Tags, cfg.Cluster, cfg.DryRun),
+	r := &reaper.Reaper{
+		Queue:   workqueue.New(sqs.NewFromConfig(awsCfg), cfg.QueueURL),
 		Policy:  reaper.Policy{ExitWait: cfg.ExitWait, TerminateStopped: cfg.TerminateStopped},
 		DryRun:  cfg.DryRun,
 		Log:     log,
 		Metrics: metrics.New(log, cfg.MetricsNamespace, function),
 		Now:     time.Now,
-	}, cfg, nil
+	}
+	if need.Ledger {
+		r.Ledger = ledger.New(dynamodb.NewFromConfig(awsCfg), cfg.Table)
+	}
+	if need.Kube {
+		rest, err := kubeclient.RESTConfig(ctx, cfg.Kube, awsCfg)
+		if err != nil {
+			return nil, cfg, err
+		}
+		kc, err := kube.NewClient(rest)
+		if err != nil {
+			return nil, cfg, fmt.Errorf("kubernetes client: %w", err)
+		}
+		r.Pods = kube.NewStatusWriter(kc, cfg.DryRun)
+		fleet := instances.NewFleet(ec2.NewFromConfig(awsCfg), cfg.Tags, cfg.Cluster, cfg.DryRun)
+		if function == metrics.FunctionReconciler {
+			// The reconciler makes the calls that grow with the number of
+			// exits: it paces them below its share of the account's buckets.
+			fleet.Pace(cfg.ReconcilerBudget(), func(d time.Duration) { r.Metrics.Observe(metrics.EC2PacingWait, d) })
+		}
+		r.Fleet = fleet
+	}
+	return r, cfg, nil
 }
 
 // Fatal reports an init failure as one clear line and exits; Lambda then

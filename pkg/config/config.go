@@ -43,6 +43,24 @@ type Config struct {
 	// MetricsNamespace is the CloudWatch namespace of the metrics
 	// (REAPER_METRICS_NAMESPACE, default Reaper).
 	MetricsNamespace string
+	// QueueURL is the work queue (REAPER_QUEUE_URL, required).
+	QueueURL string
+	// EC2Budget is the account's EC2 token buckets (REAPER_EC2_LIMITS,
+	// "describe=100/20,terminate=100/5,terminate-instances=1000/20" to
+	// override the published defaults for an account with raised limits).
+	EC2Budget instances.Budget
+	// EC2Share is the part of each bucket the reconciler may spend
+	// (REAPER_EC2_SHARE, default 0.5, in (0, 1]).
+	EC2Share float64
+	// ReconcilerConcurrency is how many reconcilers run at once, the event
+	// source mapping's maximum concurrency (REAPER_RECONCILER_CONCURRENCY,
+	// default 2): each paces itself at EC2Share / ReconcilerConcurrency.
+	ReconcilerConcurrency int
+}
+
+// ReconcilerBudget is what one reconciler may spend of EC2's buckets.
+func (c Config) ReconcilerBudget() instances.Budget {
+	return c.EC2Budget.Share(c.EC2Share / float64(c.ReconcilerConcurrency))
 }
 
 // KubeAccess is how to reach the Kubernetes API.
@@ -58,20 +76,41 @@ type KubeAccess struct {
 
 // Defaults of the optional settings.
 const (
-	DefaultExitWait    = 3 * time.Minute
-	DefaultOrphanGrace = 15 * time.Minute
+	DefaultExitWait              = 3 * time.Minute
+	DefaultOrphanGrace           = 15 * time.Minute
+	DefaultEC2Share              = 0.5
+	DefaultReconcilerConcurrency = 2
 )
 
-// FromEnv reads the configuration through getenv (os.Getenv in handlers).
+// Needs are the settings a function cannot run without, beyond those every
+// function needs (REAPER_CLUSTER, REAPER_QUEUE_URL).
+type Needs struct {
+	// Ledger: REAPER_TABLE.
+	Ledger bool
+	// Kube: a way to reach the Kubernetes API.
+	Kube bool
+}
+
+// FromEnv reads the configuration of a function that needs everything.
 func FromEnv(getenv func(string) string) (Config, error) {
+	return Read(getenv, Needs{Ledger: true, Kube: true})
+}
+
+// Read reads the configuration through getenv (os.Getenv in handlers) and
+// checks that what needs asks for is set.
+func Read(getenv func(string) string, needs Needs) (Config, error) {
 	c := Config{
-		Table:            getenv("REAPER_TABLE"),
-		Cluster:          getenv("REAPER_CLUSTER"),
-		ExitWait:         DefaultExitWait,
-		OrphanGrace:      DefaultOrphanGrace,
-		TerminateStopped: true,
-		Tags:             instances.DefaultTagKeys(),
-		MetricsNamespace: metrics.DefaultNamespace,
+		Table:                 getenv("REAPER_TABLE"),
+		Cluster:               getenv("REAPER_CLUSTER"),
+		ExitWait:              DefaultExitWait,
+		OrphanGrace:           DefaultOrphanGrace,
+		TerminateStopped:      true,
+		Tags:                  instances.DefaultTagKeys(),
+		MetricsNamespace:      metrics.DefaultNamespace,
+		QueueURL:              getenv("REAPER_QUEUE_URL"),
+		EC2Budget:             instances.PublishedBudget(),
+		EC2Share:              DefaultEC2Share,
+		ReconcilerConcurrency: DefaultReconcilerConcurrency,
 		Kube: KubeAccess{
 			EKSCluster:       getenv("REAPER_EKS_CLUSTER"),
 			KubeconfigSecret: getenv("REAPER_KUBECONFIG_SECRET"),
@@ -79,13 +118,19 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		},
 	}
 	var errs []error
-	if c.Table == "" {
+	if c.Table == "" && needs.Ledger {
 		errs = append(errs, errors.New("REAPER_TABLE is not set (the ledger table name)"))
 	}
 	if c.Cluster == "" {
 		errs = append(errs, errors.New("REAPER_CLUSTER is not set (the cluster whose instances this deployment owns)"))
 	}
+	if c.QueueURL == "" {
+		errs = append(errs, errors.New("REAPER_QUEUE_URL is not set (the work queue)"))
+	}
 	errs = append(errs,
+		parse(getenv, "REAPER_EC2_LIMITS", &c.EC2Budget, instances.ParseBudget),
+		parse(getenv, "REAPER_EC2_SHARE", &c.EC2Share, share),
+		parse(getenv, "REAPER_RECONCILER_CONCURRENCY", &c.ReconcilerConcurrency, positiveInt),
 		parse(getenv, "REAPER_DRY_RUN", &c.DryRun, strconv.ParseBool),
 		parse(getenv, "REAPER_TERMINATE_STOPPED", &c.TerminateStopped, strconv.ParseBool),
 		parse(getenv, "REAPER_EXIT_WAIT", &c.ExitWait, positiveDuration),
@@ -112,7 +157,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	switch n := count(c.Kube.EKSCluster, c.Kube.KubeconfigSecret); {
 	case n > 1:
 		errs = append(errs, errors.New("set only one of REAPER_EKS_CLUSTER and REAPER_KUBECONFIG_SECRET"))
-	case n == 0 && c.Kube.Kubeconfig == "":
+	case n == 0 && c.Kube.Kubeconfig == "" && needs.Kube:
 		errs = append(errs, errors.New("no Kubernetes access: set REAPER_EKS_CLUSTER, REAPER_KUBECONFIG_SECRET or KUBECONFIG"))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -141,6 +186,22 @@ func positiveDuration(s string) (time.Duration, error) {
 		err = errors.New("must be positive")
 	}
 	return d, err
+}
+
+func share(s string) (float64, error) {
+	f, err := strconv.ParseFloat(s, 64)
+	if err == nil && (f <= 0 || f > 1) {
+		err = errors.New("must be more than 0 and at most 1")
+	}
+	return f, err
+}
+
+func positiveInt(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err == nil && n < 1 {
+		err = errors.New("must be at least 1")
+	}
+	return n, err
 }
 
 func logLevel(s string) (slog.Level, error) {

@@ -2,6 +2,8 @@ package config
 
 import (
 	"strings"
+
+	"github.com/reaper-k8s/reaper/pkg/instances"
 	"testing"
 	"time"
 )
@@ -15,7 +17,7 @@ func env(kv ...string) func(string) string {
 }
 
 func TestDefaults(t *testing.T) {
-	c, err := FromEnv(env("REAPER_TABLE", "ledger", "REAPER_CLUSTER", "prod", "KUBECONFIG", "/k"))
+	c, err := FromEnv(env("REAPER_TABLE", "ledger", "REAPER_CLUSTER", "prod", "KUBECONFIG", "/k", "REAPER_QUEUE_URL", "http://q"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,6 +29,7 @@ func TestDefaults(t *testing.T) {
 
 func TestOverrides(t *testing.T) {
 	c, err := FromEnv(env("REAPER_TABLE", "ledger", "REAPER_CLUSTER", "prod", "REAPER_EKS_CLUSTER", "prod", "REAPER_DRY_RUN", "true",
+		"REAPER_QUEUE_URL", "http://q", "REAPER_EC2_SHARE", "0.8", "REAPER_RECONCILER_CONCURRENCY", "4", "REAPER_EC2_LIMITS", "terminate-instances=5000/100",
 		"REAPER_TAG_CLUSTER", "example.com/cluster", "REAPER_METRICS_NAMESPACE", "Reaper/prod",
 		"REAPER_EXIT_WAIT", "90s", "REAPER_ORPHAN_GRACE", "1h", "REAPER_TERMINATE_STOPPED", "false",
 		"REAPER_TAG_MANAGED", "example.com/reap", "REAPER_LOG_LEVEL", "debug"))
@@ -34,7 +37,8 @@ func TestOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !c.DryRun || c.ExitWait != 90*time.Second || c.OrphanGrace != time.Hour || c.TerminateStopped ||
-		c.Tags.Managed != "example.com/reap" || c.Tags.Cluster != "example.com/cluster" || c.MetricsNamespace != "Reaper/prod" || c.Kube.EKSCluster != "prod" || c.LogLevel.String() != "DEBUG" {
+		c.Tags.Managed != "example.com/reap" || c.Tags.Cluster != "example.com/cluster" || c.MetricsNamespace != "Reaper/prod" || c.Kube.EKSCluster != "prod" || c.LogLevel.String() != "DEBUG" ||
+		c.ReconcilerBudget() != (instances.Budget{Describe: instances.Bucket{Capacity: 20, Refill: 4}, Terminate: instances.Bucket{Capacity: 20, Refill: 1}, TerminateInstances: instances.Bucket{Capacity: 1000, Refill: 20}}) {
 		t.Fatalf("overrides %+v", c)
 	}
 }
@@ -42,7 +46,7 @@ func TestOverrides(t *testing.T) {
 // Every bad setting is reported at once, on one line.
 func TestBadSettings(t *testing.T) {
 	_, err := FromEnv(env("REAPER_DRY_RUN", "maybe", "REAPER_EXIT_WAIT", "-1m", "REAPER_ORPHAN_GRACE", "soon",
-		"REAPER_EKS_CLUSTER", "a", "REAPER_KUBECONFIG_SECRET", "b"))
+		"REAPER_EKS_CLUSTER", "a", "REAPER_KUBECONFIG_SECRET", "b", "REAPER_EC2_SHARE", "2", "REAPER_EC2_LIMITS", "describe=many"))
 	if err == nil {
 		t.Fatal("accepted")
 	}
@@ -56,7 +60,11 @@ func TestBadSettings(t *testing.T) {
 	if strings.Contains(msg, "\n") {
 		t.Errorf("error spans lines: %q", msg)
 	}
-	if _, err := FromEnv(env("REAPER_TABLE", "t", "REAPER_CLUSTER", "c")); err == nil || !strings.Contains(err.Error(), "no Kubernetes access") {
+	if _, err := FromEnv(env("REAPER_TABLE", "t", "REAPER_CLUSTER", "c", "REAPER_QUEUE_URL", "q")); err == nil || !strings.Contains(err.Error(), "no Kubernetes access") {
 		t.Errorf("missing Kubernetes access: %v", err)
+	}
+	// A function that only enqueues needs neither the ledger nor Kubernetes.
+	if _, err := Read(env("REAPER_CLUSTER", "c", "REAPER_QUEUE_URL", "q"), Needs{}); err != nil {
+		t.Errorf("statechange's settings: %v", err)
 	}
 }

@@ -85,12 +85,23 @@ type Fleet struct {
 	keys    TagKeys
 	cluster string
 	dryRun  bool
+	pacer   *pacer
 }
 
 // NewFleet returns the Fleet of the instances tagged for cluster. With
 // dryRun, Terminate decides and reports but sends no TerminateInstances.
 func NewFleet(client *ec2.Client, keys TagKeys, cluster string, dryRun bool) *Fleet {
 	return &Fleet{client: client, keys: keys, cluster: cluster, dryRun: dryRun}
+}
+
+// Pace makes the Fleet spend at most budget's tokens: each call waits for
+// its tokens, and a call whose tokens would come after its context's
+// deadline is not made (ErrNoTokens). waited, when not nil, is told each
+// wait. Without Pace a Fleet calls at once and leaves throttling to the
+// SDK's retries.
+func (f *Fleet) Pace(budget Budget, waited func(time.Duration)) *Fleet {
+	f.pacer = newPacer(budget, waited)
+	return f
 }
 
 // EC2 accepts at most this many values in one filter; instance-id filters
@@ -127,6 +138,9 @@ func (f *Fleet) ListOwned(ctx context.Context, fn func(Instance) error) error {
 func (f *Fleet) describe(ctx context.Context, in *ec2.DescribeInstancesInput, fn func(Instance) error) error {
 	p := ec2.NewDescribeInstancesPaginator(f.client, in)
 	for p.HasMorePages() {
+		if err := f.pacer.describeCall(ctx); err != nil {
+			return fmt.Errorf("describe instances: %w", err)
+		}
 		page, err := p.NextPage(ctx)
 		if err != nil {
 			return fmt.Errorf("describe instances: %w", err)
@@ -211,11 +225,17 @@ func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]In
 		}
 	}
 	for chunk := range slices.Chunk(targets, terminateChunk) {
+		if err := f.pacer.terminateCall(ctx, len(chunk)); err != nil {
+			return out, fmt.Errorf("terminate %d instances: %w", len(chunk), err)
+		}
 		_, err := f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: chunk})
 		if isNotFound(err) && len(chunk) > 1 {
 			// Some vanished since the lookup; the call is all-or-nothing, so
 			// retry one by one and let each answer for itself.
 			for _, id := range chunk {
+				if err := f.pacer.terminateCall(ctx, 1); err != nil {
+					return out, fmt.Errorf("terminate %s: %w", id, err)
+				}
 				_, err := f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
 				if err != nil && !isNotFound(err) {
 					return out, fmt.Errorf("terminate %s: %w", id, err)

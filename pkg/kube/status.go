@@ -96,18 +96,12 @@ func (w *StatusWriter) Read(ctx context.Context, ref ledger.PodRef) (Snapshot, e
 // so a Pod that changed in between (and may have ended) comes back as a
 // conflict and is read again. The patch also carries the Pod's UID, so a
 // replacement Pod of the same name is never written. An Event on the Pod
-// says what Reaper did. seen, when not nil, is a read of the Pod made
-// earlier (Read); it stands in for the first read.
-func (w *StatusWriter) Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome, seen *Snapshot) (Result, error) {
+// says what Reaper did.
+func (w *StatusWriter) Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome) (Result, error) {
 	for range maxConflicts {
-		var snap Snapshot
-		if seen != nil && seen.Ref == ref {
-			snap, seen = *seen, nil
-		} else {
-			var err error
-			if snap, err = w.Read(ctx, ref); err != nil {
-				return "", err
-			}
+		snap, err := w.Read(ctx, ref)
+		if err != nil {
+			return "", err
 		}
 		if snap.Result != Current {
 			return snap.Result, nil

@@ -20,6 +20,7 @@ const (
 	FunctionExitRecorder = "exitrecorder"
 	FunctionStateChange  = "statechange"
 	FunctionSweeper      = "sweeper"
+	FunctionReconciler   = "reconciler"
 )
 
 // The dimensions a metric may carry besides FunctionDim (see Outcome and
@@ -49,6 +50,15 @@ const (
 	// WorkItemsRetried: pending work (a Pod write, a termination) tried
 	// again after an earlier attempt failed.
 	WorkItemsRetried = "WorkItemsRetried"
+	// WorkItemsQueued: instances handed to the work queue.
+	WorkItemsQueued = "WorkItemsQueued"
+	// WorkItemsDeferred: instances the reconciler put back on the queue
+	// because its share of EC2's token buckets would not cover them
+	// before its deadline.
+	WorkItemsDeferred = "WorkItemsDeferred"
+	// WorkItemsFailed: instances the reconciler returned as batch item
+	// failures; SQS delivers them again after the visibility timeout.
+	WorkItemsFailed = "WorkItemsFailed"
 )
 
 // Latencies (unit Milliseconds), from the container's finishedAt in the
@@ -63,6 +73,9 @@ const (
 	// QueueAge: how long a work item waited in the work queue before a
 	// function took it (unit Milliseconds).
 	QueueAge = "QueueAge"
+	// EC2PacingWait: how long a reconciler batch waited for its share of
+	// EC2's token buckets (unit Milliseconds).
+	EC2PacingWait = "EC2PacingWait"
 )
 
 // Values of ReasonDim on LinesRejected.
@@ -106,8 +119,12 @@ var Definitions = []Definition{
 	{OrphansTerminated, Count, "", "Orphan instances terminated"},
 	{OrphansFound, Count, "", "Orphan instances found (missed by events)"},
 	{WorkItemsRetried, Count, "", "Work items retried"},
+	{WorkItemsQueued, Count, "", "Instances handed to the work queue"},
+	{WorkItemsDeferred, Count, "", "Instances deferred by EC2 pacing"},
+	{WorkItemsFailed, Count, "", "Instances returned to the queue as failures"},
 	{FinishToRecorded, Milliseconds, "", "Container finish to ledger record"},
 	{FinishToPodTerminal, Milliseconds, "", "Container finish to Pod terminal status"},
 	{FinishToTerminated, Milliseconds, "", "Container finish to TerminateInstances accepted"},
 	{QueueAge, Milliseconds, "", "Work item age when taken from the queue"},
+	{EC2PacingWait, Milliseconds, "", "Reconciler wait for EC2 tokens"},
 }

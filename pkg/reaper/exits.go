@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
 // ExitSummary counts what one exit batch came to.
@@ -20,11 +20,12 @@ type ExitSummary struct {
 	// Recorded counts the lines the ledger now reflects: one write per
 	// batch, of the latest exit, which carries the earlier ones' count.
 	Recorded int `json:"recorded"`
+	// Queued counts the exit claims handed to the reconciler, which checks
+	// them against the instance's tags: one per Pod the lines name.
+	Queued   int `json:"queued"`
 	Rejected int `json:"rejected"`
 	// RejectedFor counts the rejected lines by reason.
 	RejectedFor map[string]int `json:"rejectedFor,omitempty"`
-	PodResult   string         `json:"podResult,omitempty"`
-	Terminate   string         `json:"terminate,omitempty"`
 }
 
 func (s *ExitSummary) reject(reason string) {
@@ -66,17 +67,17 @@ func (r *Reaper) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEv
 	return r.HandleExits(ctx, batch)
 }
 
-// HandleExits checks a batch's exit lines against the instance's launch
-// tags, records the latest believed exit and reconciles the instance. Bad
-// and unbelieved lines are logged and counted, never fatal to the batch.
-// The exit is in the ledger before any side effect, so an error returned
-// here (the invocation is retried) loses nothing and the retry redoes only
-// what is missing.
+// HandleExits records a batch's latest exit in the ledger and hands the
+// instance to the reconciler, with the latest exit line of each Pod the
+// lines name as a claim to check against the instance's launch tags. Bad
+// lines are logged and counted, never fatal to the batch. The exit is in
+// the ledger before anything else, marked unverified until the reconciler
+// has checked it, so an error returned here (the invocation is retried)
+// loses nothing.
 //
-// The tag lookup and a read of the Pod go out together; the Pod read is
-// used only for the Pod the tags name. If the lookup fails, the exit is
-// still recorded, marked unverified, and nothing acts on it: the invocation
-// fails and its retry, or a sweep, checks it again.
+// No EC2 call is made here: a tag lookup per exit would spend the
+// account's DescribeInstances bucket one call per exit in a burst; the
+// reconciler makes one per 200 instances.
 func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSummary, err error) {
 	sum = ExitSummary{InstanceID: b.InstanceID, Lines: len(b.Lines) + len(b.Rejected)}
 	defer func() { r.recordRejections(sum) }()
@@ -88,44 +89,35 @@ func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSum
 	if len(b.Lines) == 0 {
 		return sum, nil
 	}
-
-	seen, lookupErr := r.readAhead(ctx, b)
-	if lookupErr != nil {
-		pod, exit := FromLine(b.Lines[len(b.Lines)-1])
-		if _, err := r.record(ctx, b.InstanceID, pod, exit, false); err != nil {
-			return sum, fmt.Errorf("record unverified exit of %s: %w", b.InstanceID, err)
-		}
-		return sum, fmt.Errorf("check exit lines of %s against its tags: %w", b.InstanceID, lookupErr)
-	}
-	inst, known := seen.Instances[b.InstanceID]
-	var believed []exitline.Line
-	for _, l := range b.Lines {
-		pod, _ := FromLine(l)
-		if reason := distrust(inst, known, pod); reason != "" {
-			sum.reject(reason)
-			r.Log.LogAttrs(ctx, slog.LevelWarn, "exit line not believed", slog.String("instance", b.InstanceID),
-				slog.String("reason", reason), slog.String("claimed", pod.String()), slog.String("claimedUID", pod.UID),
-				slog.String("tags", inst.Pod.String()), slog.String("cluster", inst.Cluster))
-			continue
-		}
-		believed = append(believed, l)
-	}
-	if len(believed) == 0 {
-		return sum, nil
-	}
 	// The status is derived from the latest exit alone (restart counts
 	// order them), so one write of it stands for the whole batch.
-	pod, exit := FromLine(believed[len(believed)-1])
-	rec, err := r.record(ctx, b.InstanceID, pod, exit, true)
-	if err != nil {
+	pod, exit := FromLine(b.Lines[len(b.Lines)-1])
+	if _, err := r.record(ctx, b.InstanceID, pod, exit, false); err != nil {
 		return sum, fmt.Errorf("record exit of %s: %w", b.InstanceID, err)
 	}
-	sum.Recorded = len(believed)
+	sum.Recorded = len(b.Lines)
 	r.Metrics.Count(metrics.ExitsRecorded, sum.Recorded)
 	r.Metrics.Observe(metrics.FinishToRecorded, r.Now().Sub(exit.FinishedAt))
-	rep, err := r.Reconcile(ctx, rec, seen)
-	sum.PodResult, sum.Terminate = string(rep.PodResult), string(rep.TerminateResult)
-	return sum, err
+
+	// One claim per Pod: a forged line naming another Pod cannot hide the
+	// real one, whatever its restart count.
+	latest := map[string]int{}
+	for i, l := range b.Lines {
+		latest[l.PodUID] = i
+	}
+	msgs := make([]workqueue.Message, 0, len(latest))
+	for i, l := range b.Lines {
+		if latest[l.PodUID] == i {
+			pod, exit := FromLine(l)
+			msgs = append(msgs, workqueue.Exit(b.InstanceID, pod, exit))
+		}
+	}
+	if err := r.Queue.Send(ctx, 0, msgs...); err != nil {
+		return sum, fmt.Errorf("hand exit of %s to the reconciler: %w", b.InstanceID, err)
+	}
+	sum.Queued = len(msgs)
+	r.Metrics.Count(metrics.WorkItemsQueued, len(msgs))
+	return sum, nil
 }
 
 // flushMetrics writes what the invocation recorded; a failed write is
@@ -150,26 +142,6 @@ func (r *Reaper) record(ctx context.Context, id string, pod ledger.PodRef, exit 
 		rec.InstanceID, rec.Pod, rec.Exit, rec.Unverified = id, pod, &exit, !verified
 	}
 	return rec, nil
-}
-
-// readAhead looks the instance up and reads the Pod the latest line names,
-// together. A failed Pod read is left out (the Pod step reads for itself
-// and reports the error); a failed lookup is returned.
-func (r *Reaper) readAhead(ctx context.Context, b exitline.Batch) (Seen, error) {
-	ref, _ := FromLine(b.Lines[len(b.Lines)-1])
-	var (
-		wg        sync.WaitGroup
-		seen      Seen
-		lookupErr error
-	)
-	wg.Go(func() {
-		if snap, err := r.Pods.Read(ctx, ref); err == nil {
-			seen.Pod = &snap
-		}
-	})
-	wg.Go(func() { seen.Instances, lookupErr = r.Fleet.Describe(ctx, []string{b.InstanceID}) })
-	wg.Wait()
-	return seen, lookupErr
 }
 
 // FromLine is what the ledger keeps of an exit line: the Pod it names and

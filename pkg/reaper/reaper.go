@@ -27,7 +27,7 @@ type Ledger interface {
 // Pods reads Pods and writes their status (package kube).
 type Pods interface {
 	Read(ctx context.Context, ref ledger.PodRef) (kube.Snapshot, error)
-	Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome, seen *kube.Snapshot) (kube.Result, error)
+	Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome) (kube.Result, error)
 }
 
 // Fleet reads and terminates EC2 instances (package instances).
@@ -43,6 +43,8 @@ type Reaper struct {
 	Pods   Pods
 	Fleet  Fleet
 	Policy Policy
+	// Queue takes the work the reconciler does in batches.
+	Queue Queue
 	// DryRun decides and logs but changes nothing, the ledger included.
 	DryRun bool
 	Log    *slog.Logger
@@ -66,32 +68,6 @@ type Report struct {
 	Rejected bool
 }
 
-// Seen is what a handler has already read of the outside systems; the steps
-// use it instead of reading again.
-type Seen struct {
-	// Instances, when not nil, are the instances as just described.
-	Instances map[string]instances.Instance
-	// Pod, when not nil, is a read of the record's Pod.
-	Pod *kube.Snapshot
-}
-
-// Reconcile decides and carries out the plan for one record (see
-// ReconcileMany). seen.Instances, when set, is an answer: an instance
-// absent from it is one EC2 does not know; when nil, the instance is
-// described first.
-func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, seen Seen) (Report, error) {
-	known := seen.Instances
-	if known == nil {
-		var err error
-		if known, err = r.Fleet.Describe(ctx, []string{rec.InstanceID}); err != nil {
-			// Fail closed: nothing acts on what EC2 has not confirmed.
-			return Report{InstanceID: rec.InstanceID}, fmt.Errorf("check %s against its tags: %w", rec.InstanceID, err)
-		}
-	}
-	reps, errs := r.ReconcileMany(ctx, []ledger.Record{rec}, known, seen.Pod)
-	return reps[0], errs[0]
-}
-
 // ReconcileMany decides and carries out the plans of records whose
 // instances known describes (absent: EC2 does not know it). What a record
 // says is first checked against the instance's launch tags (believe); a
@@ -107,7 +83,7 @@ func (r *Reaper) Reconcile(ctx context.Context, rec ledger.Record, seen Seen) (R
 // terminal guard then keeps. A failed write does not hold the terminate
 // back: an apiserver outage must not keep a GPU billing, and a failed
 // terminate must not hide the exit.
-func (r *Reaper) ReconcileMany(ctx context.Context, recs []ledger.Record, known map[string]instances.Instance, pod *kube.Snapshot) ([]Report, []error) {
+func (r *Reaper) ReconcileMany(ctx context.Context, recs []ledger.Record, known map[string]instances.Instance) ([]Report, []error) {
 	type work struct {
 		view            ledger.Record
 		podErr, termErr error
@@ -140,7 +116,7 @@ func (r *Reaper) ReconcileMany(ctx context.Context, recs []ledger.Record, known 
 		case view.Pod.UID == "":
 			works[i].podErr = fmt.Errorf("instance %s: no Pod known for it (no exit line and no pod tags)", view.InstanceID)
 		default:
-			reps[i].PodResult, works[i].podErr = r.Pods.Apply(ctx, view.Pod, *plan.Pod, pod)
+			reps[i].PodResult, works[i].podErr = r.Pods.Apply(ctx, view.Pod, *plan.Pod)
 		}
 		return nil
 	})

@@ -14,24 +14,23 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/statechange"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
-// SweepSummary counts what one sweep did; it is logged as one line.
+// SweepSummary counts what one sweep found; it is logged as one line. The
+// work it finds goes to the reconciler.
 type SweepSummary struct {
 	// Records is how many pending ledger records the sweep looked at.
 	Records          int `json:"records"`
 	ManagedInstances int `json:"managedInstances"`
 	// MissedGone are managed instances found gone that the ledger did not
 	// know about: their state-change event was lost.
-	MissedGone  int `json:"missedGone"`
-	Reconciled  int `json:"reconciled"`
-	PodsPatched int `json:"podsPatched"`
-	PodsLost    int `json:"podsLost"`
-	Terminated  int `json:"terminated"`
-	Orphans     int `json:"orphans"`
-	// Rejected are records the instances' tags did not back: settled
-	// untouched.
-	Rejected     int `json:"rejected"`
+	MissedGone int `json:"missedGone"`
+	// Queued are records with a step left, handed to the reconciler.
+	Queued int `json:"queued"`
+	// Orphans are running owned instances without a live Pod, handed to
+	// the reconciler to terminate.
+	Orphans      int `json:"orphans"`
 	WaitingExit  int `json:"waitingExit"`
 	Errors       int `json:"errors"`
 	DurationMsec int `json:"durationMs"`
@@ -41,8 +40,9 @@ type SweepSummary struct {
 // instances inside one invocation, few enough not to flood the apiserver.
 const sweepWorkers = 8
 
-// Sweep reconciles ledger × owned instances × Pods, so that a lost or
-// failed event delays a result but never loses it. It reads the pending
+// Sweep compares ledger × owned instances × Pods and hands what it finds
+// to the reconciler, so that a lost or failed event delays a result but
+// never loses it. It reads the pending
 // records (those that may need work) and the records of the managed
 // instances it checks, never the whole ledger:
 //   - ledger records with a step not done are redone;
@@ -51,7 +51,7 @@ const sweepWorkers = 8
 //   - managed instances found gone that the ledger does not know are
 //     recorded (their state-change event was lost);
 //   - managed instances running with no live Pod, older than the orphan
-//     grace period, are terminated.
+//     grace period, are terminated (the reconciler reads the Pod again).
 //
 // It returns an error if any step failed; the next sweep picks them up.
 func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSummary, error) {
@@ -116,56 +116,30 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	}
 
 	// Records with work left.
-	var work []ledger.Record
+	var msgs []workqueue.Message
 	for _, rec := range records {
 		plan := Decide(rec, start, r.Policy)
 		if !plan.WaitUntil.IsZero() {
 			sum.WaitingExit++
 		}
 		if plan.Pod != nil || plan.Terminate {
-			work = append(work, rec)
+			msgs = append(msgs, workqueue.Sweep(rec.InstanceID))
 		}
 	}
-	known, err := r.describeFor(ctx, work, managed)
-	if err != nil {
-		return sum, err
-	}
-	reps, repErrs := r.ReconcileMany(ctx, work, known, nil)
-	for i, rep := range reps {
-		errs = append(errs, repErrs[i])
-		if rep.Rejected {
-			sum.Rejected++
-			continue
-		}
-		sum.Reconciled++
-		if rep.PodResult == kube.Patched {
-			sum.PodsPatched++
-			if rep.Plan.Pod != nil && rep.Plan.Pod.Exit == nil {
-				sum.PodsLost++
-			}
-		}
-		if rep.TerminateResult == instances.Terminating {
-			sum.Terminated++
-		}
-	}
-	r.Metrics.Count(metrics.WorkItemsRetried, sum.Reconciled)
+	sum.Queued = len(msgs)
+	r.Metrics.Count(metrics.WorkItemsRetried, sum.Queued)
 	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace))
 	errs = append(errs, err)
+	sum.Orphans = len(orphans)
 	r.Metrics.Count(metrics.OrphansFound, len(orphans))
-	if len(orphans) > 0 {
-		out, err := r.Fleet.Terminate(ctx, orphans, managed)
-		errs = append(errs, err)
-		for _, id := range orphans {
-			switch out[id] {
-			case instances.WouldTerminate:
-				sum.Orphans++
-			case instances.Terminating:
-				sum.Orphans++
-				r.Metrics.Count(metrics.OrphansTerminated, 1)
-				// Remember it, so that later sweeps and its state-change
-				// events know the instance is settled.
-				errs = append(errs, r.Ledger.MarkDone(ctx, id, ledger.Done{Terminated: true, Pod: managed[id].Pod}))
-			}
+	for _, id := range orphans {
+		msgs = append(msgs, workqueue.Orphan(id))
+	}
+	if len(msgs) > 0 {
+		if err := r.Queue.Send(ctx, 0, msgs...); err != nil {
+			errs = append(errs, err)
+		} else {
+			r.Metrics.Count(metrics.WorkItemsQueued, len(msgs))
 		}
 	}
 
@@ -176,38 +150,10 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	sum.DurationMsec = int(r.Now().Sub(start).Milliseconds())
 	r.Log.LogAttrs(ctx, logLevel(err), "sweep",
 		slog.Int("records", sum.Records), slog.Int("managedInstances", sum.ManagedInstances),
-		slog.Int("missedGone", sum.MissedGone), slog.Int("reconciled", sum.Reconciled),
-		slog.Int("podsPatched", sum.PodsPatched), slog.Int("podsLost", sum.PodsLost),
-		slog.Int("terminated", sum.Terminated), slog.Int("orphans", sum.Orphans),
-		slog.Int("waitingExit", sum.WaitingExit), slog.Int("rejected", sum.Rejected), slog.Int("errors", sum.Errors),
+		slog.Int("missedGone", sum.MissedGone), slog.Int("queued", sum.Queued), slog.Int("orphans", sum.Orphans),
+		slog.Int("waitingExit", sum.WaitingExit), slog.Int("errors", sum.Errors),
 		slog.Int("durationMs", sum.DurationMsec), slog.Bool("dryRun", r.DryRun))
 	return sum, err
-}
-
-// describeFor looks up, in as few calls as the API allows, the instances of
-// records that may need terminating and are not in the managed listing.
-func (r *Reaper) describeFor(ctx context.Context, work []ledger.Record, managed map[string]instances.Instance) (map[string]instances.Instance, error) {
-	var missing []string
-	for _, rec := range work {
-		if _, ok := managed[rec.InstanceID]; !ok {
-			missing = append(missing, rec.InstanceID)
-		}
-	}
-	known := make(map[string]instances.Instance, len(managed)+len(missing))
-	for id, i := range managed {
-		known[id] = i
-	}
-	if len(missing) == 0 {
-		return known, nil
-	}
-	found, err := r.Fleet.Describe(ctx, missing)
-	if err != nil {
-		return nil, err
-	}
-	for id, i := range found {
-		known[id] = i
-	}
-	return known, nil
 }
 
 // orphans are running owned instances older than cutoff whose Pod no
