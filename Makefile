@@ -42,7 +42,7 @@ replay: setup
 # The Pod and instance the event talks about are seeded first.
 # make invoke FN=exitrecorder EVENT=events/exitrecorder/oom.json [ARGS="-v -env K=V"]
 invoke: setup
-	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=<exitrecorder|statechange|sweeper> EVENT=events/<function>/<file>.json [ARGS=\"-v -keep-stack -env K=V\"]" >&2; exit 2; }
+	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=<exitrecorder|statechange|sweeper|reconciler> EVENT=events/<function>/<file>.json [ARGS=\"-v -keep-stack -env K=V\"]" >&2; exit 2; }
 	@$(SETUP) && go run ./cmd/reaper invoke -fn $(FN) -event $(EVENT) $(ARGS)
 
 bench: setup

@@ -6,6 +6,7 @@ package events_test
 
 import (
 	"bytes"
+	"crypto/md5"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +23,9 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/reaper"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
 var update = flag.Bool("update", false, "rewrite the sample events from their definitions")
@@ -42,8 +47,9 @@ var (
 	finished = time.Date(2026, 11, 30, 7, 0, 0, 500_000_000, time.UTC)
 )
 
-// line is exit line v1 of the sample Pod's container; change adjusts it.
-func line(change func(*exitline.Line)) string {
+// exitLine is exit line v1 of the sample Pod's container; change adjusts
+// it.
+func exitLine(change func(*exitline.Line)) exitline.Line {
 	l := exitline.Line{
 		Reaper: exitline.Kind, V: exitline.Version, InstanceID: instanceID,
 		PodNamespace: namespace, PodName: podName, PodUID: podUID,
@@ -53,7 +59,12 @@ func line(change func(*exitline.Line)) string {
 	if change != nil {
 		change(&l)
 	}
-	b, err := json.Marshal(l)
+	return l
+}
+
+// line is exitLine as the agent ships it.
+func line(change func(*exitline.Line)) string {
+	b, err := json.Marshal(exitLine(change))
 	if err != nil {
 		panic(err)
 	}
@@ -142,6 +153,82 @@ var cloudWatchSamples = map[string]events.CloudWatchEvent{
 	},
 }
 
+// The mixed batch's second instance, running its own Pod.
+const (
+	secondInstanceID = "i-0123456789abcdef1"
+	secondPodName    = "sample-job-2"
+	secondPodUID     = "9d2b7c44-1e6a-4f0b-8c35-6a7e9f1d2b22"
+	workQueueARN     = "arn:aws:sqs:" + region + ":" + account + ":reaper-work"
+)
+
+// exitClaim is the work item the exitrecorder sends for the sample Pod's
+// exit line; change adjusts the line.
+func exitClaim(change func(*exitline.Line)) workqueue.Message {
+	l := exitLine(change)
+	pod, exit := reaper.FromLine(l)
+	return workqueue.Exit(l.InstanceID, pod, exit)
+}
+
+// onSecond moves an exit line to the second instance and its Pod.
+func onSecond(l *exitline.Line) {
+	l.InstanceID, l.PodName, l.PodUID = secondInstanceID, secondPodName, secondPodUID
+}
+
+// queueEvent is the batch the work queue's event source mapping hands the
+// reconciler for these work items, each sent n×100 ms after the sample exit
+// with its format version and send time, as workqueue.Queue.Send stamps
+// them.
+func queueEvent(msgs ...workqueue.Message) events.SQSEvent {
+	var ev events.SQSEvent
+	for n, m := range msgs {
+		sent := finished.Add(2*time.Second + time.Duration(n)*100*time.Millisecond)
+		m.V, m.QueuedAt = workqueue.Version, sent
+		body, err := json.Marshal(m)
+		if err != nil {
+			panic(err)
+		}
+		sender := "exitrecorder"
+		if m.Kind == workqueue.KindState {
+			sender = "statechange"
+		}
+		ms := strconv.FormatInt(sent.UnixMilli(), 10)
+		ev.Records = append(ev.Records, events.SQSMessage{
+			MessageId:     fmt.Sprintf("2e1424d4-f796-459a-8184-9c92662be6%02d", n),
+			ReceiptHandle: fmt.Sprintf("AQEBwJnKyrHigUMZj6rYigCgxlaS3SLy0a%02d", n),
+			Body:          string(body),
+			Md5OfBody:     fmt.Sprintf("%x", md5.Sum(body)),
+			Attributes: map[string]string{
+				"ApproximateReceiveCount":          "1",
+				"SentTimestamp":                    ms,
+				"SenderId":                         "AROAEXAMPLEREAPERROLE:reaper-" + sender,
+				"ApproximateFirstReceiveTimestamp": ms,
+			},
+			MessageAttributes: map[string]events.SQSMessageAttribute{},
+			EventSourceARN:    workQueueARN,
+			EventSource:       "aws:sqs",
+			AWSRegion:         region,
+		})
+	}
+	return ev
+}
+
+// queueSamples are reconciler events and the work items they carry.
+var queueSamples = map[string][]workqueue.Message{
+	"reconciler/exit-claim.json":   {exitClaim(nil)},
+	"reconciler/state-change.json": {workqueue.State(instanceID, "stopped", finished.Truncate(time.Second).Add(2*time.Second))},
+	// Two instances, two messages each: the sample instance's running
+	// state and exit 0; the second's OOM kill and then its shutdown.
+	"reconciler/mixed.json": {
+		workqueue.State(instanceID, "running", started),
+		exitClaim(nil),
+		exitClaim(func(l *exitline.Line) {
+			onSecond(l)
+			l.ExitCode, l.OOMKilled, l.Signal = 137, true, "SIGKILL"
+		}),
+		workqueue.State(secondInstanceID, "shutting-down", finished.Truncate(time.Second).Add(time.Second)),
+	},
+}
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if *update {
@@ -166,6 +253,9 @@ func write() error {
 	}
 	for name, ev := range cloudWatchSamples {
 		files[name] = ev
+	}
+	for name, msgs := range queueSamples {
+		files[name] = queueEvent(msgs...)
 	}
 	for name, v := range files {
 		b, err := json.MarshalIndent(v, "", "  ")
@@ -252,6 +342,41 @@ func TestCloudWatchEvents(t *testing.T) {
 	}
 }
 
+func TestQueueEvents(t *testing.T) {
+	for name, msgs := range queueSamples {
+		t.Run(name, func(t *testing.T) {
+			var ev events.SQSEvent
+			decodeStrict(t, name, &ev)
+			if want := queueEvent(msgs...); !reflect.DeepEqual(ev, want) {
+				t.Fatalf("event differs from its definition (run go test ./events -update):\n got %+v\nwant %+v", ev, want)
+			}
+			pods := map[string]ledger.PodRef{
+				instanceID:       {Namespace: namespace, Name: podName, UID: podUID},
+				secondInstanceID: {Namespace: namespace, Name: secondPodName, UID: secondPodUID},
+			}
+			for i, rec := range ev.Records {
+				if sum := fmt.Sprintf("%x", md5.Sum([]byte(rec.Body))); rec.Md5OfBody != sum {
+					t.Errorf("record %d: md5OfBody %s, body's is %s", i, rec.Md5OfBody, sum)
+				}
+				it, err := workqueue.Parse(rec)
+				if err != nil {
+					t.Fatalf("record %d: %v", i, err)
+				}
+				if it.Kind != msgs[i].Kind || it.InstanceID != msgs[i].InstanceID || it.ReceiveCount != 1 || !it.SentAt.Equal(it.QueuedAt) {
+					t.Errorf("record %d: %+v, want a first delivery of %s %s sent when queued", i, it, msgs[i].Kind, msgs[i].InstanceID)
+				}
+				pod, ok := pods[it.InstanceID]
+				if !ok {
+					t.Errorf("record %d: instance %s is not in the sample world", i, it.InstanceID)
+				}
+				if it.Kind == workqueue.KindExit && *it.Pod != pod {
+					t.Errorf("record %d: claim for Pod %+v on %s, want %+v", i, *it.Pod, it.InstanceID, pod)
+				}
+			}
+		})
+	}
+}
+
 // normalize compacts Detail, which the files carry indented.
 func normalize(t *testing.T, ev events.CloudWatchEvent) events.CloudWatchEvent {
 	var buf bytes.Buffer
@@ -284,6 +409,9 @@ func TestEveryFileIsKnownAndListed(t *testing.T) {
 		defined = append(defined, name)
 	}
 	for name := range cloudWatchSamples {
+		defined = append(defined, name)
+	}
+	for name := range queueSamples {
 		defined = append(defined, name)
 	}
 	slices.Sort(defined)

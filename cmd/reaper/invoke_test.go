@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,10 +21,10 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
-// TestInvoke runs the invoke path on one stack, with the three functions
-// built and started once: every sample event, then the -keep-time and
-// function-error cases. The calls share the sample world; each one clears
-// what the previous one left of it.
+// TestInvoke runs the invoke path on one stack, with the four functions
+// built and started once, the reconciler behind the work queue: every
+// sample event, then the -keep-time and function-error cases. The calls
+// share the sample world; each one clears what the previous one left of it.
 func TestInvoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -38,6 +39,9 @@ func TestInvoke(t *testing.T) {
 	if t.Failed() {
 		for name, f := range lab.Functions {
 			t.Logf("%s output (tail):\n%s", name, tailLines(f.Logs(), 30))
+		}
+		for i, f := range lab.Reconcilers[1:] {
+			t.Logf("reconciler %d output (tail):\n%s", i+2, tailLines(f.Logs(), 30))
 		}
 	}
 }
@@ -86,27 +90,41 @@ func testEvents(ctx context.Context, t *testing.T, lab *replay.Lab, root string)
 	}
 }
 
-// expectations follow the "Expected outcome" column of events/README.md.
+// The mixed reconciler batch's second instance and its Pod
+// (events/README.md).
+const (
+	secondInstanceID = "i-0123456789abcdef1"
+	secondPod        = "sample-job-2"
+)
+
+// expectations follow the "Expected outcome" column of events/README.md:
+// the function's response, then the effects once the reconciler has done
+// the queued work.
 var expectations = map[string]func(*testing.T, *invocation){
 	"exitrecorder/exit-0.json": func(t *testing.T, inv *invocation) {
 		wantExit(t, inv, 1, 1, 0)
 		wantPod(t, inv, corev1.PodSucceeded, 0, "Completed", 0)
 		wantInstance(t, inv, ec2server.Terminated)
+		wantTerminated(t, inv, sampleInstanceID)
+		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Patched: 1, Terminated: 1})
 	},
 	"exitrecorder/exit-1.json": func(t *testing.T, inv *invocation) {
 		wantExit(t, inv, 1, 1, 0)
 		wantPod(t, inv, corev1.PodFailed, 1, "Error", 0)
 		wantInstance(t, inv, ec2server.Terminated)
+		wantTerminated(t, inv, sampleInstanceID)
 	},
 	"exitrecorder/oom.json": func(t *testing.T, inv *invocation) {
 		wantExit(t, inv, 1, 1, 0)
 		wantPod(t, inv, corev1.PodFailed, 137, "OOMKilled", 0)
 		wantInstance(t, inv, ec2server.Terminated)
+		wantTerminated(t, inv, sampleInstanceID)
 	},
 	"exitrecorder/batch.json": func(t *testing.T, inv *invocation) {
 		wantExit(t, inv, 3, 2, 1)
 		wantPod(t, inv, corev1.PodSucceeded, 0, "Completed", 1)
 		wantInstance(t, inv, ec2server.Terminated)
+		wantTerminated(t, inv, sampleInstanceID)
 	},
 	"exitrecorder/control.json": func(t *testing.T, inv *invocation) {
 		if sum := decode[reaper.ExitSummary](t, inv); !reflect.DeepEqual(sum, reaper.ExitSummary{}) {
@@ -115,44 +133,88 @@ var expectations = map[string]func(*testing.T, *invocation){
 		if len(inv.Pods)+len(inv.Instances) != 0 {
 			t.Errorf("seeded %v %v for a control message", inv.Pods, inv.Instances)
 		}
+		wantBatches(t, inv, reaper.BatchSummary{})
+		wantTerminated(t, inv)
 	},
 	"statechange/running.json": func(t *testing.T, inv *invocation) {
-		sum := decode[reaper.StateSummary](t, inv)
-		if sum != (reaper.StateSummary{InstanceID: sampleInstanceID, State: "running"}) {
-			t.Errorf("response %+v, want the state recorded and nothing else", sum)
-		}
+		wantStateChange(t, inv, "running", false)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.Running)
+		wantTerminated(t, inv)
+		if rec := inv.Instances[0].Record; rec == nil || rec.LastState != "running" || rec.Gone != nil {
+			t.Errorf("ledger record %+v, want the running state recorded", rec)
+		}
 	},
 	// The instance stopped: the window opens and, with the default
 	// REAPER_TERMINATE_STOPPED, the instance is terminated.
 	"statechange/stopping.json": func(t *testing.T, inv *invocation) {
-		wantStateChange(t, inv, "stopping", "terminating")
+		wantStateChange(t, inv, "stopping", true)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.Terminated)
+		wantTerminated(t, inv, sampleInstanceID)
 	},
 	"statechange/stopped.json": func(t *testing.T, inv *invocation) {
-		wantStateChange(t, inv, "stopped", "terminating")
+		wantStateChange(t, inv, "stopped", true)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.Terminated)
+		wantTerminated(t, inv, sampleInstanceID)
+		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Terminated: 1})
 	},
 	// EC2 is ending the instance itself: only the window opens.
 	"statechange/shutting-down.json": func(t *testing.T, inv *invocation) {
-		wantStateChange(t, inv, "shutting-down", "")
+		wantStateChange(t, inv, "shutting-down", true)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.ShuttingDown)
+		wantTerminated(t, inv)
 	},
 	"statechange/terminated.json": func(t *testing.T, inv *invocation) {
-		wantStateChange(t, inv, "terminated", "")
+		wantStateChange(t, inv, "terminated", true)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.Terminated)
+		wantTerminated(t, inv)
 	},
 	"sweeper/scheduled.json": func(t *testing.T, inv *invocation) {
+		// Earlier calls' instances may still be listed: the count that
+		// says what the sweep did is of orphans.
 		sum := decode[reaper.SweepSummary](t, inv)
-		if sum.ManagedInstances != 1 || sum.Orphans != 1 || sum.Errors != 0 {
-			t.Errorf("response %+v, want the one seeded orphan terminated", sum)
+		if sum.ManagedInstances < 1 || sum.Orphans != 1 || sum.Errors != 0 {
+			t.Errorf("response %+v, want the one seeded orphan found", sum)
 		}
 		wantInstance(t, inv, ec2server.Terminated)
+		wantTerminated(t, inv, sampleInstanceID)
+		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Orphans: 1})
+	},
+	"reconciler/exit-claim.json": func(t *testing.T, inv *invocation) {
+		wantNoFailures(t, inv)
+		wantPod(t, inv, corev1.PodSucceeded, 0, "Completed", 0)
+		wantInstance(t, inv, ec2server.Terminated)
+		wantTerminated(t, inv, sampleInstanceID)
+		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Patched: 1, Terminated: 1})
+		if rec := inv.Instances[0].Record; rec == nil || rec.Unverified || rec.Exit == nil || rec.Pending != "" {
+			t.Errorf("ledger record %+v, want the claim recorded verified and settled", rec)
+		}
+	},
+	"reconciler/state-change.json": func(t *testing.T, inv *invocation) {
+		wantNoFailures(t, inv)
+		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
+		wantInstance(t, inv, ec2server.Terminated)
+		wantTerminated(t, inv, sampleInstanceID)
+		wantWindow(t, inv.Instances[0])
+		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Terminated: 1})
+	},
+	// One lookup for both instances, both Pods written, and one terminate
+	// of the instance EC2 is not already ending.
+	"reconciler/mixed.json": func(t *testing.T, inv *invocation) {
+		wantNoFailures(t, inv)
+		if len(inv.Pods) != 2 || len(inv.Instances) != 2 {
+			t.Fatalf("seeded %+v and %+v, want two Pods and two instances", inv.Pods, inv.Instances)
+		}
+		wantPodNamed(t, inv, samplePod, corev1.PodSucceeded, 0, "Completed", 0)
+		wantPodNamed(t, inv, secondPod, corev1.PodFailed, 137, "OOMKilled", 0)
+		wantInstanceNamed(t, inv, sampleInstanceID, ec2server.Terminated)
+		wantInstanceNamed(t, inv, secondInstanceID, ec2server.ShuttingDown)
+		wantTerminated(t, inv, sampleInstanceID)
+		wantBatches(t, inv, reaper.BatchSummary{Messages: 4, Instances: 2, Lookups: 2, Reconciled: 2, Patched: 2, Terminated: 1})
 	},
 }
 
@@ -179,13 +241,18 @@ func testKeepTime(ctx context.Context, t *testing.T, lab *replay.Lab, root strin
 	if inv.Err != nil {
 		t.Fatalf("function error %s: %s", inv.Err.Type, inv.Err.Message)
 	}
-	if sum := decode[reaper.StateSummary](t, inv); sum.PodResult != "patched" || sum.WaitUntil != "" {
-		t.Errorf("response %+v, want the Pod patched as lost", sum)
+	if sum := decode[reaper.StateSummary](t, inv); !sum.Queued {
+		t.Errorf("response %+v, want the state change queued", sum)
 	}
 	wantPod(t, inv, corev1.PodFailed, 137, "ContainerStatusUnknown", 0)
 	if p := inv.Pods[0]; p.Disruption != "InstanceTerminated" {
 		t.Errorf("disruption %q, want InstanceTerminated", p.Disruption)
 	}
+	if i := inv.Instances[0]; !i.WaitUntil.IsZero() {
+		t.Errorf("exit-wait window open until %s, want it long closed", i.WaitUntil)
+	}
+	wantTerminated(t, inv)
+	wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Patched: 1})
 }
 
 // testFunctionError runs the exitrecorder on a table that does not exist:
@@ -211,7 +278,8 @@ func testFunctionError(ctx context.Context, t *testing.T, lab *replay.Lab, root 
 	}
 	var out bytes.Buffer
 	inv.print(&out, false)
-	for _, want := range []string{"what happened (error ", "pod default/sample-job", "Running → Running", "function log:", "ResourceNotFoundException", "REPORT RequestId:"} {
+	for _, want := range []string{"what happened (error ", "pod default/sample-job", "Running → Running", "what the reconciler did:\n  nothing: no work was queued",
+		"function log:", "ResourceNotFoundException", "REPORT RequestId:"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
@@ -238,6 +306,10 @@ func TestPickFunction(t *testing.T) {
 		{"", read("exitrecorder/oom.json"), "exitrecorder"},
 		{"", read("statechange/stopped.json"), "statechange"},
 		{"", read("sweeper/scheduled.json"), "sweeper"},
+		{"", read("reconciler/mixed.json"), "reconciler"},
+		{"reconciler", read("reconciler/exit-claim.json"), "reconciler"},
+		{"exitrecorder", read("reconciler/state-change.json"), ""},
+		{"reconciler", read("exitrecorder/oom.json"), ""},
 		{"statechange", read("statechange/running.json"), "statechange"},
 		{"sweeper", read("statechange/stopped.json"), ""},
 		{"exitrecorder", read("sweeper/scheduled.json"), ""},
@@ -266,6 +338,7 @@ func TestInvokeArgs(t *testing.T) {
 		{"-event", filepath.Join(root, "events", "no-such.json")},
 		{"-fn", "nope", "-event", oom},
 		{"-fn", "sweeper", "-event", oom},
+		{"-fn", "reconciler", "-event", oom},
 		{"-event", oom, "-env", "NOEQUALS"},
 		{"-event", oom, "extra"},
 	} {
@@ -275,7 +348,7 @@ func TestInvokeArgs(t *testing.T) {
 	}
 }
 
-// startLab builds the three functions, starts a stack and runs them on it.
+// startLab builds the four functions, starts a stack and runs them on it.
 func startLab(ctx context.Context, t *testing.T, root string) *replay.Lab {
 	t.Helper()
 	bins, err := replay.Build(ctx, root, t.TempDir(), replay.Functions...)
@@ -304,41 +377,105 @@ func decode[T any](t *testing.T, inv *invocation) T {
 	return v
 }
 
+// wantExit checks the exitrecorder's response: the sample Pod's one claim
+// queued.
 func wantExit(t *testing.T, inv *invocation, lines, recorded, rejected int) {
 	t.Helper()
 	sum := decode[reaper.ExitSummary](t, inv)
-	want := reaper.ExitSummary{InstanceID: sampleInstanceID, Lines: lines, Recorded: recorded, Rejected: rejected, PodResult: "patched", Terminate: "terminating"}
+	want := reaper.ExitSummary{InstanceID: sampleInstanceID, Lines: lines, Recorded: recorded, Queued: 1, Rejected: rejected}
 	sum.RejectedFor = nil // the reasons are the parser's and the trust check's to test
 	if !reflect.DeepEqual(sum, want) {
 		t.Errorf("response %+v, want %+v", sum, want)
 	}
 }
 
-// wantStateChange checks that the event was moved to now, so the window
-// opens now, and what the function did about the instance.
-func wantStateChange(t *testing.T, inv *invocation, state, terminate string) {
+// wantStateChange checks that the state change was queued and, for a gone
+// state, that the reconciler recorded it with the event moved to now, so
+// the window opens now.
+func wantStateChange(t *testing.T, inv *invocation, state string, gone bool) {
 	t.Helper()
 	sum := decode[reaper.StateSummary](t, inv)
-	if sum.InstanceID != sampleInstanceID || sum.State != state || sum.Skipped != "" || sum.PodResult != "" || sum.Terminate != terminate {
-		t.Errorf("response %+v, want state %s, terminate %q, nothing skipped", sum, state, terminate)
+	if sum != (reaper.StateSummary{InstanceID: sampleInstanceID, State: state, Queued: true}) {
+		t.Errorf("response %+v, want state %s queued, nothing skipped", sum, state)
 	}
-	until, err := time.Parse(time.RFC3339, sum.WaitUntil)
-	if err != nil {
-		t.Fatalf("waitUntil %q: %v", sum.WaitUntil, err)
+	if len(inv.Instances) != 1 {
+		t.Fatalf("seeded instances %+v, want the sample instance", inv.Instances)
 	}
-	// The functions run with the default 3-minute window.
-	if d := time.Until(until); d < 2*time.Minute || d > 4*time.Minute {
-		t.Errorf("waitUntil %s is %s away, want about 3m", sum.WaitUntil, d.Round(time.Second))
+	if i := inv.Instances[0]; !gone && !i.WaitUntil.IsZero() {
+		t.Errorf("exit-wait window open until %s for state %s", i.WaitUntil, state)
+	} else if gone {
+		wantWindow(t, i)
 	}
 }
 
-// wantPod checks the one seeded Pod; exitCode -1 wants none.
+// wantWindow checks that the instance's exit-wait window opened about now:
+// the functions run with the default 3-minute window.
+func wantWindow(t *testing.T, i instanceView) {
+	t.Helper()
+	if d := time.Until(i.WaitUntil); d < 2*time.Minute || d > 4*time.Minute {
+		t.Errorf("instance %s: exit-wait window open until %s, %s away; want about 3m (record %+v)", i.ID, i.WaitUntil, d.Round(time.Second), i.Record)
+	}
+}
+
+// wantNoFailures checks the reconciler's response to a direct batch.
+func wantNoFailures(t *testing.T, inv *invocation) {
+	t.Helper()
+	if resp := decode[events.SQSEventResponse](t, inv); len(resp.BatchItemFailures) != 0 {
+		t.Errorf("batch item failures %+v, want none", resp.BatchItemFailures)
+	}
+}
+
+// wantBatches checks what the reconciler's batches came to, summed: the
+// mapping may split the queued work in several.
+func wantBatches(t *testing.T, inv *invocation, want reaper.BatchSummary) {
+	t.Helper()
+	var got reaper.BatchSummary
+	for _, b := range inv.Batches {
+		got.Messages += b.Messages
+		got.Instances += b.Instances
+		got.Invalid += b.Invalid
+		got.Lookups += b.Lookups
+		got.Skipped += b.Skipped
+		got.Rejected += b.Rejected
+		got.Reconciled += b.Reconciled
+		got.Patched += b.Patched
+		got.Terminated += b.Terminated
+		got.Orphans += b.Orphans
+		got.Deferred += b.Deferred
+		got.Failed += b.Failed
+	}
+	if got != want {
+		t.Errorf("reconciler batches %+v come to %+v, want %+v", inv.Batches, got, want)
+	}
+}
+
+// wantTerminated checks the instances of the accepted TerminateInstances
+// calls.
+func wantTerminated(t *testing.T, inv *invocation, ids ...string) {
+	t.Helper()
+	if !slices.Equal(inv.Terminated, ids) {
+		t.Errorf("TerminateInstances of %v, want %v", inv.Terminated, ids)
+	}
+}
+
+// wantPod checks the one seeded Pod, the sample Pod; exitCode -1 wants
+// none.
 func wantPod(t *testing.T, inv *invocation, phase corev1.PodPhase, exitCode int32, reason string, restarts int32) {
 	t.Helper()
 	if len(inv.Pods) != 1 {
 		t.Fatalf("seeded Pods %+v, want the sample Pod", inv.Pods)
 	}
-	p := inv.Pods[0]
+	wantPodNamed(t, inv, samplePod, phase, exitCode, reason, restarts)
+}
+
+// wantPodNamed checks the seeded Pod default/name.
+func wantPodNamed(t *testing.T, inv *invocation, name string, phase corev1.PodPhase, exitCode int32, reason string, restarts int32) {
+	t.Helper()
+	i := slices.IndexFunc(inv.Pods, func(p podView) bool { return p.Namespace == sampleNamespace && p.Name == name })
+	if i < 0 {
+		t.Fatalf("seeded Pods %+v, want %s/%s", inv.Pods, sampleNamespace, name)
+	}
+	p := inv.Pods[i]
 	got := int32(-1)
 	if p.ExitCode != nil {
 		got = *p.ExitCode
@@ -348,10 +485,21 @@ func wantPod(t *testing.T, inv *invocation, phase corev1.PodPhase, exitCode int3
 	}
 }
 
+// wantInstance checks the one seeded instance, the sample instance.
 func wantInstance(t *testing.T, inv *invocation, state ec2server.State) {
 	t.Helper()
-	if len(inv.Instances) != 1 || inv.Instances[0].ID != sampleInstanceID || inv.Instances[0].After != state {
-		t.Errorf("instances %+v, want %s %s", inv.Instances, sampleInstanceID, state)
+	if len(inv.Instances) != 1 {
+		t.Fatalf("seeded instances %+v, want the sample instance", inv.Instances)
+	}
+	wantInstanceNamed(t, inv, sampleInstanceID, state)
+}
+
+// wantInstanceNamed checks the state of the seeded instance id.
+func wantInstanceNamed(t *testing.T, inv *invocation, id string, state ec2server.State) {
+	t.Helper()
+	i := slices.IndexFunc(inv.Instances, func(i instanceView) bool { return i.ID == id })
+	if i < 0 || inv.Instances[i].After != state {
+		t.Errorf("instances %+v, want %s %s", inv.Instances, id, state)
 	}
 }
 

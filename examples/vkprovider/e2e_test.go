@@ -42,15 +42,23 @@ const (
 	// dryRunWait is how long a Job must stay unfinished when Reaper writes
 	// nothing: many status periods and Job controller syncs.
 	dryRunWait = 5 * time.Second
-	// dryRunRecorder is exitrecorder with REAPER_DRY_RUN=true.
+	// dryRunRecorder is the exitrecorder of a deployment with
+	// REAPER_DRY_RUN=true (dryLab): its work queue and reconciler are dry
+	// too, as one deployment's knob makes them.
 	dryRunRecorder = "exitrecorder-dry-run"
+	// exitWait is the labs' exit-wait window: short, so that a lost Pod is
+	// finalized within a test.
+	exitWait = 3 * time.Second
 	// ledgerOnly records the exit in the ledger and nothing else, as when
 	// Reaper's Pod write has not landed (the apiserver was down).
 	ledgerOnly = "ledger-only"
 )
 
 var (
-	lab       *replay.Lab
+	lab *replay.Lab
+	// dryLab is a second deployment on the same stack with Reaper's writes
+	// switched off: its own ledger table, queue and reconciler.
+	dryLab    *replay.Lab
 	ec2Client *ec2.Client
 )
 
@@ -84,16 +92,18 @@ func run(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer stack.Stop()
-	lab, err = replay.NewLab(ctx, stack, "reaper-ledger", bins, "REAPER_EXIT_WAIT=3s", "REAPER_ORPHAN_GRACE=1m")
+	lab, err = replay.NewLab(ctx, stack, "reaper-ledger", bins, "REAPER_EXIT_WAIT="+exitWait.String(), "REAPER_ORPHAN_GRACE=1m")
 	if err != nil {
 		return 0, err
 	}
 	defer lab.Stop()
-	dry, err := localstack.StartFunction(ctx, bins["exitrecorder"], append(lab.Env, "REAPER_DRY_RUN=true"))
+	dryLab, err = replay.NewLabWith(ctx, stack, "reaper-ledger-dry-run",
+		map[string]string{"exitrecorder": bins["exitrecorder"], "reconciler": bins["reconciler"]},
+		replay.LabOptions{Env: []string{"REAPER_DRY_RUN=true", "REAPER_EXIT_WAIT=" + exitWait.String()}, MaxConcurrency: 1})
 	if err != nil {
 		return 0, err
 	}
-	lab.Functions[dryRunRecorder] = dry
+	defer dryLab.Stop()
 
 	ec2Client = ec2.NewFromConfig(stack.AWSConfig(ctx))
 	provCtx, stopProvider := context.WithCancel(ctx)
@@ -113,6 +123,12 @@ func run(m *testing.M) (int, error) {
 	if code != 0 {
 		for name, f := range lab.Functions {
 			fmt.Fprintf(os.Stderr, "--- %s output:\n%s\n", name, f.Logs())
+		}
+		for i, f := range lab.Reconcilers[1:] {
+			fmt.Fprintf(os.Stderr, "--- reconciler %d output:\n%s\n", i+2, f.Logs())
+		}
+		for name, f := range dryLab.Functions {
+			fmt.Fprintf(os.Stderr, "--- dry-run %s output:\n%s\n", name, f.Logs())
 		}
 	}
 	return code, nil
@@ -264,19 +280,14 @@ func watchPods(w watch.Interface) func() (int, []string) {
 }
 
 // sendExit finds the Pod's instance by its launch tags, as Reaper does, and
-// sends the exit line from its log stream.
+// sends the exit line from its log stream. It returns once the reconciler
+// has done the work the exitrecorder queued.
 func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) (reaper.ExitSummary, error) {
 	var sum reaper.ExitSummary
-	out, err := ec2Client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []ec2types.Filter{
-		{Name: aws.String("tag:" + userdata.DefaultTagUID), Values: []string{string(pod.UID)}},
-	}})
+	id, err := instanceOf(ctx, pod)
 	if err != nil {
 		return sum, err
 	}
-	if len(out.Reservations) != 1 {
-		return sum, fmt.Errorf("pod %s: %d instances tagged with its UID", pod.Name, len(out.Reservations))
-	}
-	id := aws.ToString(out.Reservations[0].Instances[0].InstanceId)
 	if exit.goneFirst {
 		lab.Stack.EC2.SetState(id, ec2server.Terminated)
 		time.Sleep(5 * syncPeriod)
@@ -294,6 +305,33 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 			ledger.Exit{Container: "main", ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}, true)
 		return reaper.ExitSummary{InstanceID: id, Lines: 1, Recorded: 1}, err
 	}
+	payload, err := exitEvent(id, pod, exit, finished)
+	if err != nil {
+		return sum, err
+	}
+	if recorder == dryRunRecorder {
+		return sum, dryLab.Invoke(ctx, "exitrecorder", payload, &sum)
+	}
+	return sum, lab.Invoke(ctx, recorder, payload, &sum)
+}
+
+// instanceOf finds the Pod's instance by its launch tags.
+func instanceOf(ctx context.Context, pod *corev1.Pod) (string, error) {
+	out, err := ec2Client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []ec2types.Filter{
+		{Name: aws.String("tag:" + userdata.DefaultTagUID), Values: []string{string(pod.UID)}},
+	}})
+	if err != nil {
+		return "", err
+	}
+	if len(out.Reservations) != 1 {
+		return "", fmt.Errorf("pod %s: %d instances tagged with its UID", pod.Name, len(out.Reservations))
+	}
+	return aws.ToString(out.Reservations[0].Instances[0].InstanceId), nil
+}
+
+// exitEvent is the CloudWatch Logs payload of the Pod's exit line, from
+// its instance's log stream.
+func exitEvent(id string, pod *corev1.Pod, exit host, finished time.Time) ([]byte, error) {
 	msg, err := json.Marshal(exitline.Line{
 		Reaper: exitline.Kind, V: exitline.Version, InstanceID: id,
 		PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: string(pod.UID), Container: "main",
@@ -301,18 +339,14 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 		StartedAt: finished.Add(-time.Minute), FinishedAt: finished,
 	})
 	if err != nil {
-		return sum, err
+		return nil, err
 	}
 	ev, err := exitline.Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: id,
 		LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Timestamp: finished.UnixMilli(), Message: string(msg)}}})
 	if err != nil {
-		return sum, err
+		return nil, err
 	}
-	payload, err := json.Marshal(ev)
-	if err != nil {
-		return sum, err
-	}
-	return sum, lab.Invoke(ctx, recorder, payload, &sum)
+	return json.Marshal(ev)
 }
 
 func condition(job *batchv1.Job, typ batchv1.JobConditionType) bool {
@@ -342,8 +376,8 @@ func wantPodsEnded(t *testing.T, r *jobRun, n int, phase corev1.PodPhase, code i
 		}
 	}
 	for _, sum := range r.exits {
-		if sum.Recorded != 1 || sum.Rejected != 0 {
-			t.Errorf("exitrecorder: %+v, want the line recorded", sum)
+		if sum.Recorded != 1 || sum.Queued != 1 || sum.Rejected != 0 {
+			t.Errorf("exitrecorder: %+v, want the line recorded and its claim queued", sum)
 		}
 		if i, ok := lab.Stack.EC2.Instance(sum.InstanceID); !ok || (i.State != ec2server.Terminated && i.State != ec2server.ShuttingDown) {
 			t.Errorf("instance %s: %+v, want terminated", sum.InstanceID, i)
@@ -484,10 +518,11 @@ func waitRunning(t *testing.T, pod *corev1.Pod) string {
 	return ""
 }
 
-// With Reaper's writes switched off (REAPER_DRY_RUN=true: nothing written,
-// the ledger included) none of the Jobs above ends: the Pod stays Running,
-// its instance runs on, and the Job controller creates no second Pod. So
-// what the tests above see comes from Reaper.
+// With Reaper's writes switched off (REAPER_DRY_RUN=true for the
+// exitrecorder and the reconciler behind its queue: nothing written, the
+// ledger included) none of the Jobs above ends: the Pod stays Running, its
+// instance runs on, and the Job controller creates no second Pod. So what
+// the tests above see comes from Reaper.
 func TestE2EDryRunNothingEnds(t *testing.T) {
 	t.Parallel()
 	for name, exit := range map[string]host{"succeeds": {exitCode: 0}, "fails": {exitCode: 3}, "installer": {exitCode: 0, runtimeRestarted: true}} {
@@ -506,6 +541,9 @@ func TestE2EDryRunNothingEnds(t *testing.T) {
 			}
 			if i, _ := lab.Stack.EC2.Instance(r.exits[0].InstanceID); i.State != ec2server.Running {
 				t.Errorf("instance %s %s, want running", i.ID, i.State)
+			}
+			if rec, ok, err := dryLab.Ledger.Get(t.Context(), r.exits[0].InstanceID); ok || err != nil {
+				t.Errorf("dry-run ledger holds %+v, %v; want nothing written", rec, err)
 			}
 		})
 	}

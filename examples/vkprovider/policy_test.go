@@ -73,25 +73,34 @@ func TestE2EPodFailurePolicyIgnoresSpotLoss(t *testing.T) {
 	if err := lab.Invoke(ctx, "statechange", stateEvent(t, id, ec2server.Terminated), &st); err != nil {
 		t.Fatal(err)
 	}
-	until, err := time.Parse(time.RFC3339, st.WaitUntil)
-	if err != nil {
-		t.Fatalf("no exit-wait window: %+v", st)
+	rec, ok, err := lab.Ledger.Get(ctx, id)
+	if err != nil || !ok || rec.Gone == nil {
+		t.Fatalf("after %+v the ledger holds %+v (found %v, %v); want the instance recorded gone", st, rec, ok, err)
 	}
-	time.Sleep(time.Until(until))
-	// WaitUntil is to the second: sweep until the window is past.
+	time.Sleep(time.Until(rec.Gone.At.Add(exitWait)))
+	// The sweep that finds the window past queues the Pod's finalization,
+	// and Invoke returns once the reconciler has written it.
+	pods := lab.Stack.Kube.CoreV1().Pods(ns)
 	for deadline := time.Now().Add(jobTimeout); ; time.Sleep(500 * time.Millisecond) {
 		var sum reaper.SweepSummary
 		if err := lab.Invoke(ctx, "sweeper", []byte(`{"source":"aws.events","detail-type":"Scheduled Event"}`), &sum); err != nil {
 			t.Fatal(err)
 		}
-		if sum.PodsLost > 0 {
+		got, err := pods.Get(ctx, first.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Phase == corev1.PodFailed {
+			if sum.Queued == 0 {
+				t.Errorf("sweep %+v queued nothing, yet the Pod was finalized", sum)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("sweeps never finalized the lost Pod: last %+v", sum)
+			t.Fatalf("sweeps never finalized the lost Pod: last %+v, Pod %s", sum, got.Status.Phase)
 		}
 	}
-	lost, err := lab.Stack.Kube.CoreV1().Pods(ns).Get(ctx, first.Name, metav1.GetOptions{})
+	lost, err := pods.Get(ctx, first.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,9 +133,9 @@ func TestE2EPodFailurePolicyIgnoresSpotLoss(t *testing.T) {
 	if job.Status.Succeeded != 1 || job.Status.Failed != 0 {
 		t.Fatalf("Job status %+v, want 1 succeeded and 0 failed", job.Status)
 	}
-	pods, err := lab.Stack.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
-	if err != nil || len(pods.Items) != 2 {
-		t.Fatalf("Job Pods: %v, %d; want 2", err, len(pods.Items))
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil || len(list.Items) != 2 {
+		t.Fatalf("Job Pods: %v, %d; want 2", err, len(list.Items))
 	}
 }
 

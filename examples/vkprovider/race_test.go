@@ -13,6 +13,7 @@ import (
 	"github.com/reaper-k8s/reaper/examples/vkprovider"
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
 // racePods is how many Pods race the provider: enough for the provider's
@@ -106,9 +107,19 @@ func TestE2ENoRaceWithInstanceStateProvider(t *testing.T) {
 			if sent[pod.Name] || pod.Status.Phase != corev1.PodRunning {
 				continue
 			}
-			sum, err := sendExit(ctx, "exitrecorder", &pod, host{exitCode: codes[pod.Name]})
-			if err != nil || sum.Recorded != 1 {
-				t.Fatalf("exitrecorder for %s: %+v, %v; want the line recorded", pod.Name, sum, err)
+			// Not waiting for the reconciler: it takes the exits in
+			// batches, all the Pod writes before one terminate.
+			id, err := instanceOf(ctx, &pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload, err := exitEvent(id, &pod, host{exitCode: codes[pod.Name]}, time.Now().UTC().Truncate(time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sum reaper.ExitSummary
+			if err := lab.InvokeOnly(ctx, "exitrecorder", payload, &sum); err != nil || sum.Recorded != 1 || sum.Queued != 1 {
+				t.Fatalf("exitrecorder for %s: %+v, %v; want the line recorded and its claim queued", pod.Name, sum, err)
 			}
 			sent[pod.Name] = true
 		}
@@ -119,7 +130,11 @@ func TestE2ENoRaceWithInstanceStateProvider(t *testing.T) {
 			t.Fatalf("%d of %d Pods ended, %d exit lines sent", ended, racePods, len(sent))
 		}
 	}
-	// Many provider polls for a late "instance gone" to land.
+	// Every terminate sent, then many provider polls for a late "instance
+	// gone" to land.
+	if err := lab.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(time.Second)
 	if list, err = pods.List(ctx, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
