@@ -142,7 +142,7 @@ func (r *Reaper) ReconcileBatch(ctx context.Context, byInstance map[string][]wor
 			failed[id] = err
 		}
 		if deferred {
-			r.deferWork(ctx, lookup, failed, sum)
+			r.deferWork(ctx, lookup, byInstance, failed, sum)
 		}
 		if len(lookup) == len(ids) {
 			return failed
@@ -192,7 +192,7 @@ func (r *Reaper) ReconcileBatch(ctx context.Context, byInstance map[string][]wor
 			}
 		}
 	}
-	r.deferWork(ctx, paced, failed, sum)
+	r.deferWork(ctx, paced, byInstance, failed, sum)
 
 	if err := r.terminateOrphans(ctx, orphans, records, known, sum); err != nil {
 		for _, id := range orphans {
@@ -294,16 +294,20 @@ func (r *Reaper) recordState(ctx context.Context, id string, rec ledger.Record, 
 	return rec, nil
 }
 
-// deferWork puts instances whose work waits for EC2 tokens back on the
-// queue, delayed, and takes them off the failures; if that fails they stay
-// failures and SQS brings them back after the visibility timeout.
-func (r *Reaper) deferWork(ctx context.Context, ids []string, failed map[string]error, sum *BatchSummary) {
+// deferWork puts the messages of instances whose work waits for EC2 tokens
+// back on the queue, delayed, and takes them off the failures; if that
+// fails they stay failures and SQS brings them back after the visibility
+// timeout. The messages go back as they came: an exit claim not yet checked
+// is still to be checked.
+func (r *Reaper) deferWork(ctx context.Context, ids []string, byInstance map[string][]workqueue.Item, failed map[string]error, sum *BatchSummary) {
 	if len(ids) == 0 {
 		return
 	}
-	msgs := make([]workqueue.Message, len(ids))
-	for i, id := range ids {
-		msgs[i] = workqueue.Sweep(id)
+	var msgs []workqueue.Message
+	for _, id := range ids {
+		for _, it := range byInstance[id] {
+			msgs = append(msgs, it.Message)
+		}
 	}
 	// The batch's own deadline is spent; the send gets a moment of its own.
 	sendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deadlineMargin/2)
