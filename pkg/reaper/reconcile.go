@@ -132,7 +132,10 @@ func (r *Reaper) ReconcileBatch(ctx context.Context, byInstance map[string][]wor
 		}
 	}
 	sum.Lookups = len(lookup)
-	known, err := r.Fleet.Describe(ctx, lookup)
+	known := map[string]instances.Instance{}
+	if len(lookup) > 0 {
+		known, err = r.Fleet.Describe(ctx, lookup)
+	}
 	if err != nil {
 		// Fail closed: nothing acts on what EC2 has not confirmed. The
 		// exits are in the ledger already; the messages come back.
