@@ -332,18 +332,21 @@ func TestInvokeArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	oom := filepath.Join(root, "events", "exitrecorder", "oom.json")
-	for _, args := range [][]string{
-		{},
-		{"-fn", "exitrecorder"},
-		{"-event", filepath.Join(root, "events", "no-such.json")},
-		{"-fn", "nope", "-event", oom},
-		{"-fn", "sweeper", "-event", oom},
-		{"-fn", "reconciler", "-event", oom},
-		{"-event", oom, "-env", "NOEQUALS"},
-		{"-event", oom, "extra"},
+	for _, tc := range []struct {
+		args []string
+		want string // in the error
+	}{
+		{nil, "-event <file> is required"},
+		{[]string{"-fn", "exitrecorder"}, "-event <file> is required"},
+		{[]string{"-event", filepath.Join(root, "events", "no-such.json")}, "no-such.json: no such file"},
+		{[]string{"-fn", "nope", "-event", oom}, `unknown function "nope" (want one of exitrecorder, statechange, sweeper, reconciler)`},
+		{[]string{"-fn", "sweeper", "-event", oom}, "is an event for exitrecorder, not for sweeper"},
+		{[]string{"-fn", "reconciler", "-event", oom}, "is an event for exitrecorder, not for reconciler"},
+		{[]string{"-event", oom, "-env", "NOEQUALS"}, `"NOEQUALS" is not K=V`},
+		{[]string{"-event", oom, "extra"}, "takes no other arguments"},
 	} {
-		if err := runInvoke(t.Context(), args); err == nil {
-			t.Errorf("runInvoke(%q) succeeded", args)
+		if err := runInvoke(t.Context(), tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("runInvoke(%q): %v, want an error saying %q", tc.args, err, tc.want)
 		}
 	}
 }
