@@ -86,7 +86,22 @@ func (l *memLedger) MarkDone(_ context.Context, id string, d ledger.Done) error 
 	return nil
 }
 
-func (l *memLedger) Pending(context.Context, func(ledger.Record) error) error { return nil }
+func (l *memLedger) Pending(_ context.Context, fn func(ledger.Record) error) error {
+	l.mu.Lock()
+	var recs []ledger.Record
+	for _, r := range l.recs {
+		if r.Pending != "" {
+			recs = append(recs, r)
+		}
+	}
+	l.mu.Unlock()
+	for _, r := range recs {
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func (l *memLedger) GetMany(_ context.Context, ids []string) (map[string]ledger.Record, error) {
 	l.mu.Lock()
@@ -159,7 +174,22 @@ func (w *world) Terminate(_ context.Context, ids []string, _ map[string]instance
 	return out, nil
 }
 
-func (w *world) ListOwned(context.Context, func(instances.Instance) error) error { return nil }
+func (w *world) ListOwned(_ context.Context, fn func(instances.Instance) error) error {
+	w.mu.Lock()
+	var owned []instances.Instance
+	for _, i := range w.instances {
+		if i.Owned {
+			owned = append(owned, i)
+		}
+	}
+	w.mu.Unlock()
+	for _, i := range owned {
+		if err := fn(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 type sent struct {
 	delay time.Duration

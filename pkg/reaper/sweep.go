@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -42,92 +43,29 @@ const sweepWorkers = 8
 
 // Sweep compares ledger × owned instances × Pods and hands what it finds
 // to the reconciler, so that a lost or failed event delays a result but
-// never loses it. It reads the pending
-// records (those that may need work) and the records of the managed
-// instances it checks, never the whole ledger:
-//   - ledger records with a step not done are redone;
-//   - instances gone past the exit-wait window with no exit line get their
-//     Pod finalized as lost;
+// never loses it. It reads the pending records (those that may need work)
+// and the records of the managed instances it checks, never the whole
+// ledger, then applies one rule after the other:
 //   - managed instances found gone that the ledger does not know are
-//     recorded (their state-change event was lost);
+//     recorded (their state-change event was lost): missedGone;
+//   - records with a step left (a Pod write, a termination; a Pod lost
+//     past the exit-wait window) go to the reconciler: unfinished;
 //   - managed instances running with no live Pod, older than the orphan
-//     grace period, are terminated (the reconciler reads the Pod again).
+//     grace period, go to the reconciler to be terminated (it reads the
+//     Pod again): orphans.
 //
 // It returns an error if any step failed; the next sweep picks them up.
 func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSummary, error) {
 	defer r.flushMetrics(ctx)
 	start := r.Now()
 	var sum SweepSummary
-	var errs []error
-
-	records := map[string]ledger.Record{}
-	if err := r.Ledger.Pending(ctx, func(rec ledger.Record) error {
-		records[rec.InstanceID] = rec
-		return nil
-	}); err != nil {
-		return sum, err
-	}
-	sum.Records = len(records)
-
-	managed := map[string]instances.Instance{}
-	if err := r.Fleet.ListOwned(ctx, func(i instances.Instance) error {
-		managed[i.ID] = i
-		return nil
-	}); err != nil {
-		return sum, err
-	}
-	sum.ManagedInstances = len(managed)
-
-	// The records of managed instances that the checks below look at (gone,
-	// or old enough to be orphans) and that are not pending.
-	var lookup []string
-	for id, inst := range managed {
-		if _, ok := records[id]; !ok && (instances.Gone(inst.State) || inst.LaunchTime.Before(start.Add(-orphanGrace))) {
-			lookup = append(lookup, id)
-		}
-	}
-	settled, err := r.Ledger.GetMany(ctx, lookup)
+	records, managed, err := r.sweepInputs(ctx, start.Add(-orphanGrace), &sum)
 	if err != nil {
 		return sum, err
 	}
-	for id, rec := range settled {
-		records[id] = rec
-	}
-
-	// Gone instances the ledger missed. Those Reaper terminated itself need
-	// nothing more: their Pod step was settled when it did.
-	for id, inst := range managed {
-		rec, ok := records[id]
-		if !instances.Gone(inst.State) || (ok && (rec.Gone != nil || !rec.Terminated.IsZero())) {
-			continue
-		}
-		sum.MissedGone++
-		if r.DryRun {
-			continue
-		}
-		rec, err := r.Ledger.RecordState(ctx, id, inst.Pod, ledger.StateChange{
-			State: inst.State, At: start, Rank: statechange.Rank(inst.State), Gone: true,
-		})
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		records[id] = rec
-	}
-
-	// Records with work left.
-	var msgs []workqueue.Message
-	for _, rec := range records {
-		plan := Decide(rec, start, r.Policy)
-		if !plan.WaitUntil.IsZero() {
-			sum.WaitingExit++
-		}
-		if plan.Pod != nil || plan.Terminate {
-			msgs = append(msgs, workqueue.Sweep(rec.InstanceID))
-		}
-	}
-	sum.Queued = len(msgs)
-	r.Metrics.Count(metrics.WorkItemsRetried, sum.Queued)
+	var errs []error
+	errs = append(errs, r.missedGone(ctx, managed, records, start, &sum))
+	msgs := r.unfinished(records, start, &sum)
 	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace))
 	errs = append(errs, err)
 	sum.Orphans = len(orphans)
@@ -154,6 +92,84 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		slog.Int("waitingExit", sum.WaitingExit), slog.Int("errors", sum.Errors),
 		slog.Int("durationMs", sum.DurationMsec), slog.Bool("dryRun", r.DryRun))
 	return sum, err
+}
+
+// sweepInputs reads what the rules look at: the pending records, the owned
+// instances (one paginated listing), and the records of those owned
+// instances the rules check (gone, or launched before cutoff) that are not
+// pending.
+func (r *Reaper) sweepInputs(ctx context.Context, cutoff time.Time, sum *SweepSummary) (map[string]ledger.Record, map[string]instances.Instance, error) {
+	records := map[string]ledger.Record{}
+	if err := r.Ledger.Pending(ctx, func(rec ledger.Record) error {
+		records[rec.InstanceID] = rec
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	sum.Records = len(records)
+	managed := map[string]instances.Instance{}
+	if err := r.Fleet.ListOwned(ctx, func(i instances.Instance) error {
+		managed[i.ID] = i
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	sum.ManagedInstances = len(managed)
+	var lookup []string
+	for id, inst := range managed {
+		if _, ok := records[id]; !ok && (instances.Gone(inst.State) || inst.LaunchTime.Before(cutoff)) {
+			lookup = append(lookup, id)
+		}
+	}
+	settled, err := r.Ledger.GetMany(ctx, lookup)
+	if err != nil {
+		return nil, nil, err
+	}
+	maps.Copy(records, settled)
+	return records, managed, nil
+}
+
+// missedGone records the gone state of owned instances whose state-change
+// event never arrived. Those Reaper terminated itself need nothing more:
+// their Pod step was settled when it did.
+func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, now time.Time, sum *SweepSummary) error {
+	var errs []error
+	for id, inst := range managed {
+		rec, ok := records[id]
+		if !instances.Gone(inst.State) || (ok && (rec.Gone != nil || !rec.Terminated.IsZero())) {
+			continue
+		}
+		sum.MissedGone++
+		if r.DryRun {
+			continue
+		}
+		rec, err := r.Ledger.RecordState(ctx, id, inst.Pod, ledger.StateChange{
+			State: inst.State, At: now, Rank: statechange.Rank(inst.State), Gone: true,
+		})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		records[id] = rec
+	}
+	return errors.Join(errs...)
+}
+
+// unfinished are the work items of records with a step left at now.
+func (r *Reaper) unfinished(records map[string]ledger.Record, now time.Time, sum *SweepSummary) []workqueue.Message {
+	var msgs []workqueue.Message
+	for _, rec := range records {
+		plan := Decide(rec, now, r.Policy)
+		if !plan.WaitUntil.IsZero() {
+			sum.WaitingExit++
+		}
+		if plan.Pod != nil || plan.Terminate {
+			msgs = append(msgs, workqueue.Sweep(rec.InstanceID))
+		}
+	}
+	sum.Queued = len(msgs)
+	r.Metrics.Count(metrics.WorkItemsRetried, sum.Queued)
+	return msgs
 }
 
 // orphans are running owned instances older than cutoff whose Pod no
