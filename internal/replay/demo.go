@@ -27,13 +27,16 @@ type Row struct {
 	State    ec2server.State
 }
 
-// Result is a demo run: the rows, the invocation latencies (each until the
-// work it queued was done) and the EC2 requests the run made, by action.
+// Result is a demo run: the rows, the invocation latencies, the EC2
+// requests the run made, by action, and, when the invocations did not each
+// wait for the work they queued, how long after the last one the queue had
+// drained.
 type Result struct {
 	Name        string
 	Rows        []Row
 	Latencies   []time.Duration
 	EC2Requests map[string]int
+	DrainedIn   time.Duration
 }
 
 // Finalized counts Pods in a terminal phase.
@@ -99,8 +102,10 @@ func (p *Progress) Step(done int, what string) {
 }
 
 // Replicas30 is the observed case: 30 replicas of a GPU sample whose
-// command ends. Each exit line is replayed through exitrecorder; progress
-// (may be nil) is told of each.
+// command ends together. Each exit line is replayed through exitrecorder,
+// one after the other without waiting for the reconciler, as CloudWatch
+// Logs delivers them; the reconciler takes them in batches. progress (may
+// be nil) is told of each.
 func (l *Lab) Replicas30(ctx context.Context, recordings string, progress io.Writer) (Result, error) {
 	sc, err := l.Prepare(ctx, filepath.Join(recordings, "replicas30"), corev1.RestartPolicyNever, nil)
 	if err != nil {
@@ -113,12 +118,17 @@ func (l *Lab) Replicas30(ctx context.Context, recordings string, progress io.Wri
 	for i, p := range payloads {
 		bar.Step(i, "exit lines replayed")
 		start := time.Now()
-		if err := l.Invoke(ctx, "exitrecorder", p, nil); err != nil {
+		if err := l.InvokeOnly(ctx, "exitrecorder", p, nil); err != nil {
 			return res, err
 		}
 		res.Latencies = append(res.Latencies, time.Since(start))
 	}
 	bar.Step(len(payloads), "exit lines replayed")
+	last := time.Now()
+	if err := l.DrainSent(ctx, last); err != nil {
+		return res, err
+	}
+	res.DrainedIn = time.Since(last)
 	res.EC2Requests = l.ec2Requests(before)
 	res.Rows, err = l.rows(ctx, sc)
 	return res, err
@@ -168,6 +178,9 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nfinalized %d/%d  terminated %d/%d  leaked %d  handler latency p50 %s p99 %s (%d invocations)\n",
 		r.Finalized(), len(r.Rows), r.Terminated(), len(r.Rows), r.Leaked(),
 		r.Percentile(50).Round(100*time.Microsecond), r.Percentile(99).Round(100*time.Microsecond), len(r.Latencies))
+	if r.DrainedIn > 0 {
+		fmt.Fprintf(w, "work queue drained %s after the last invocation\n", r.DrainedIn.Round(time.Millisecond))
+	}
 	actions := slices.Sorted(maps.Keys(r.EC2Requests))
 	fmt.Fprintf(w, "EC2 requests:")
 	if len(actions) == 0 {
