@@ -209,74 +209,39 @@ func (p Props) Cluster() string {
 // withDefaults returns the props with every zero value replaced by its
 // default.
 func (p Props) withDefaults() Props {
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
-		}
-	}
-	def(&p.BuildDir, DefaultBuildDir)
+	orDefault(&p.BuildDir, DefaultBuildDir)
 	p.ClusterName = p.Cluster()
 	if p.ClusterName != "" {
-		def(&p.ExitLogGroupName, DefaultExitLogGroupName(p.ClusterName))
-		def(&p.MetricsNamespace, DefaultMetricsNamespace(p.ClusterName))
+		orDefault(&p.ExitLogGroupName, DefaultExitLogGroupName(p.ClusterName))
+		orDefault(&p.MetricsNamespace, DefaultMetricsNamespace(p.ClusterName))
 	}
-	def(&p.LogLevel, "info")
+	orDefault(&p.LogLevel, "info")
 	p.LogLevel = strings.ToLower(p.LogLevel)
-	if p.TableRemovalPolicy == "" {
-		p.TableRemovalPolicy = awscdk.RemovalPolicy_RETAIN
-	}
-	if p.ExitLogRetention == "" {
-		p.ExitLogRetention = awslogs.RetentionDays_ONE_MONTH
-	}
-	if p.FunctionLogRetention == "" {
-		p.FunctionLogRetention = awslogs.RetentionDays_ONE_MONTH
-	}
-	if p.ExitWait == 0 {
-		p.ExitWait = config.DefaultExitWait
-	}
-	if p.OrphanGrace == 0 {
-		p.OrphanGrace = config.DefaultOrphanGrace
-	}
+	orDefault(&p.TableRemovalPolicy, awscdk.RemovalPolicy_RETAIN)
+	orDefault(&p.ExitLogRetention, awslogs.RetentionDays_ONE_MONTH)
+	orDefault(&p.FunctionLogRetention, awslogs.RetentionDays_ONE_MONTH)
+	orDefault(&p.ExitWait, config.DefaultExitWait)
+	orDefault(&p.OrphanGrace, config.DefaultOrphanGrace)
 	if p.TerminateStopped == nil {
 		t := true
 		p.TerminateStopped = &t
 	}
 	keys := instances.DefaultTagKeys()
-	def(&p.Tags.Managed, keys.Managed)
-	def(&p.Tags.Cluster, keys.Cluster)
-	def(&p.Tags.PodNamespace, keys.PodNamespace)
-	def(&p.Tags.PodName, keys.PodName)
-	def(&p.Tags.PodUID, keys.PodUID)
-	if p.MemoryMB == 0 {
-		p.MemoryMB = DefaultMemoryMB
-	}
-	if p.SweepRate == 0 {
-		p.SweepRate = DefaultSweepRate
-	}
-	if p.MaxEventAge == 0 {
-		p.MaxEventAge = DefaultMaxEventAge
-	}
-	if p.TerminateLatencyAlarm == 0 {
-		p.TerminateLatencyAlarm = DefaultTerminateLatencyAlarm
-	}
-	if p.MaxReceiveCount == 0 {
-		p.MaxReceiveCount = DefaultMaxReceiveCount
-	}
-	if p.ReconcilerBatchSize == 0 {
-		p.ReconcilerBatchSize = DefaultReconcilerBatchSize
-	}
-	if p.ReconcilerBatchingWindow == 0 {
-		p.ReconcilerBatchingWindow = DefaultReconcilerBatchingWindow
-	}
-	if p.ReconcilerMaxConcurrency == 0 {
-		p.ReconcilerMaxConcurrency = DefaultReconcilerMaxConcurrency
-	}
-	if p.EC2Share == 0 {
-		p.EC2Share = DefaultEC2Share
-	}
-	if p.QueueAgeAlarm == 0 {
-		p.QueueAgeAlarm = DefaultQueueAgeAlarm
-	}
+	orDefault(&p.Tags.Managed, keys.Managed)
+	orDefault(&p.Tags.Cluster, keys.Cluster)
+	orDefault(&p.Tags.PodNamespace, keys.PodNamespace)
+	orDefault(&p.Tags.PodName, keys.PodName)
+	orDefault(&p.Tags.PodUID, keys.PodUID)
+	orDefault(&p.MemoryMB, DefaultMemoryMB)
+	orDefault(&p.SweepRate, DefaultSweepRate)
+	orDefault(&p.MaxEventAge, DefaultMaxEventAge)
+	orDefault(&p.TerminateLatencyAlarm, DefaultTerminateLatencyAlarm)
+	orDefault(&p.MaxReceiveCount, DefaultMaxReceiveCount)
+	orDefault(&p.ReconcilerBatchSize, DefaultReconcilerBatchSize)
+	orDefault(&p.ReconcilerBatchingWindow, DefaultReconcilerBatchingWindow)
+	orDefault(&p.ReconcilerMaxConcurrency, DefaultReconcilerMaxConcurrency)
+	orDefault(&p.EC2Share, DefaultEC2Share)
+	orDefault(&p.QueueAgeAlarm, DefaultQueueAgeAlarm)
 	return p
 }
 
@@ -426,3 +391,11 @@ var (
 // unresolved reports whether s is a CDK token (e.g. another construct's
 // attribute), which only CloudFormation resolves.
 func unresolved(s string) bool { return *awscdk.Token_IsUnresolved(s) }
+
+// orDefault sets *v to d when it is the zero value.
+func orDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
+}

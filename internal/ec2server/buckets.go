@@ -5,16 +5,14 @@ import (
 	"net/url"
 	"slices"
 	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/instances"
 )
 
-// Bucket is one EC2 throttling token bucket: it holds at most Capacity
-// tokens and gains Refill tokens per second. A Bucket with zero Capacity does
-// not limit anything, so a test can throttle one action and leave the rest
-// alone.
-type Bucket struct {
-	Capacity int
-	Refill   float64 // tokens per second
-}
+// Bucket is one EC2 throttling token bucket, as Reaper paces itself
+// against it. Here a Bucket with zero Capacity does not limit anything, so
+// a test can throttle one action and leave the rest alone.
+type Bucket = instances.Bucket
 
 // Limits are the token buckets EC2 throttles the server's actions with. Each
 // request, whatever its outcome, takes one token from its action's request
@@ -43,12 +41,13 @@ type Limits struct {
 //     among the actions that, requested with neither pagination nor a filter,
 //     draw on a smaller bucket (50, refill 10/s).
 func PublishedLimits() Limits {
+	b := instances.PublishedBudget()
 	return Limits{
-		Terminate:          Bucket{Capacity: 100, Refill: 5},
-		TerminateResource:  Bucket{Capacity: 1000, Refill: 20},
+		Terminate:          b.Terminate,
+		TerminateResource:  b.TerminateInstances,
 		Stop:               Bucket{Capacity: 50, Refill: 5},
 		StopResource:       Bucket{Capacity: 1000, Refill: 20},
-		Describe:           Bucket{Capacity: 100, Refill: 20},
+		Describe:           b.Describe,
 		DescribeUnfiltered: Bucket{Capacity: 50, Refill: 10},
 	}
 }

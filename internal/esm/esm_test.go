@@ -18,7 +18,6 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -43,12 +42,7 @@ func newFixture(t *testing.T, visibility, maxReceiveCount int) *fixture {
 	t.Cleanup(srv.Close)
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(tr.CloseIdleConnections)
-	f := &fixture{srv: srv, transport: tr, client: sqs.New(sqs.Options{
-		Region:       sqsserver.Region,
-		Credentials:  credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", ""),
-		BaseEndpoint: aws.String(srv.URL()),
-		HTTPClient:   &http.Client{Transport: sqsserver.BufferedBodies{Base: tr}},
-	})}
+	f := &fixture{srv: srv, transport: tr, client: srv.Client(tr)}
 	attrs := map[string]string{"VisibilityTimeout": strconv.Itoa(visibility)}
 	if maxReceiveCount > 0 {
 		f.createQueue(t, "work-dlq", nil)

@@ -58,11 +58,16 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 )
 
 // The identity the server answers as: queue URLs are
@@ -140,6 +145,18 @@ func (s *Server) Close() {
 // or not it exists yet.
 func (s *Server) QueueURL(name string) string {
 	return s.http.URL + "/" + AccountID + "/" + name
+}
+
+// Client returns the real SDK client for the server: its region, test
+// credentials, and request bodies buffered (see BufferedBodies) over base
+// (http.DefaultTransport when nil). optFns adjust the options further.
+func (s *Server) Client(base http.RoundTripper, optFns ...func(*sqs.Options)) *sqs.Client {
+	return sqs.New(sqs.Options{
+		Region:       Region,
+		Credentials:  credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", ""),
+		BaseEndpoint: aws.String(s.URL()),
+		HTTPClient:   &http.Client{Transport: BufferedBodies{Base: base}},
+	}, optFns...)
 }
 
 // QueueARN returns the ARN of the queue called name, whether or not it

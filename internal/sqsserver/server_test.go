@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
@@ -29,12 +27,8 @@ func newClient(t *testing.T) (*sqs.Client, *sqsserver.Server) {
 	t.Helper()
 	srv := sqsserver.New()
 	t.Cleanup(srv.Close)
-	client := sqs.New(sqs.Options{
-		Region:       sqsserver.Region,
-		Credentials:  credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", ""),
-		BaseEndpoint: aws.String(srv.URL()),
-		HTTPClient:   &http.Client{Transport: sqsserver.BufferedBodies{}},
-		Retryer:      retry.NewStandard(func(o *retry.StandardOptions) { o.MaxBackoff = 10 * time.Millisecond }),
+	client := srv.Client(nil, func(o *sqs.Options) {
+		o.Retryer = retry.NewStandard(func(o *retry.StandardOptions) { o.MaxBackoff = 10 * time.Millisecond })
 	})
 	return client, srv
 }

@@ -3,14 +3,12 @@ package workqueue_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -23,12 +21,7 @@ func newQueue(t *testing.T) (*workqueue.Queue, *sqs.Client, string, *sqsserver.S
 	t.Helper()
 	srv := sqsserver.New()
 	t.Cleanup(srv.Close)
-	client := sqs.New(sqs.Options{
-		Region:       sqsserver.Region,
-		Credentials:  credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", ""),
-		BaseEndpoint: aws.String(srv.URL()),
-		HTTPClient:   &http.Client{Transport: sqsserver.BufferedBodies{}},
-	})
+	client := srv.Client(nil)
 	out, err := client.CreateQueue(t.Context(), &sqs.CreateQueueInput{QueueName: aws.String("work")})
 	if err != nil {
 		t.Fatal(err)
