@@ -20,7 +20,6 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/kube"
-	"github.com/reaper-k8s/reaper/pkg/kubeclient"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
@@ -94,7 +93,7 @@ func New(ctx context.Context, function string) (*reaper.Reaper, config.Config, e
 		r.Ledger = ledger.New(dynamodb.NewFromConfig(awsCfg), cfg.Table)
 	}
 	if need.Kube {
-		rest, err := kubeclient.RESTConfig(ctx, cfg.Kube, awsCfg)
+		rest, err := kube.RESTConfig(ctx, cfg.Kube, awsCfg)
 		if err != nil {
 			return nil, cfg, err
 		}

@@ -1,5 +1,8 @@
-// Package kube writes Reaper's decisions to the Kubernetes API: a Pod's
-// status, through the status subresource, and an Event saying why.
+// Package kube is Reaper's side of the Kubernetes API: reaching the
+// apiserver from the access mode the configuration names (a kubeconfig
+// file, a kubeconfig in Secrets Manager, or an EKS cluster with an IAM
+// token: access.go), and writing Reaper's decisions to it: a Pod's status,
+// through the status subresource, and an Event saying why (status.go).
 package kube
 
 import (

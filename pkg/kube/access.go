@@ -1,6 +1,4 @@
-// Package kubeclient builds the Kubernetes client configuration a handler
-// uses, from the access mode the configuration names.
-package kubeclient
+package kube
 
 import (
 	"context"
