@@ -186,7 +186,7 @@ func isUIDMismatch(err error) bool {
 // event posts what Reaper did. Its name is derived from the Pod and the
 // outcome, so a retried step posts it once.
 func (w *StatusWriter) event(ctx context.Context, pod *corev1.Pod, o podstatus.Outcome, phase corev1.PodPhase) error {
-	reason, msg, kind := describe(o, phase)
+	reason, msg, kind := podstatus.Event(o, phase)
 	sum := sha256.Sum256([]byte(string(pod.UID) + "/" + o.Key()))
 	now := metav1.NewTime(w.now())
 	ev := &corev1.Event{
@@ -209,35 +209,4 @@ func (w *StatusWriter) event(ctx context.Context, pod *corev1.Pod, o podstatus.O
 		return fmt.Errorf("post event on pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return nil
-}
-
-// Event reasons Reaper posts.
-const (
-	EventContainerExited    = "ContainerExited"
-	EventContainerRestarted = "ContainerRestarting"
-	EventInstanceLost       = "InstanceLost"
-)
-
-func describe(o podstatus.Outcome, phase corev1.PodPhase) (reason, msg, kind string) {
-	if o.Exit == nil {
-		return EventInstanceLost, fmt.Sprintf("Instance %s went %s with no container exit reported; container status unknown",
-			o.InstanceID, o.Lost.State), corev1.EventTypeWarning
-	}
-	e := o.Exit
-	kind = corev1.EventTypeNormal
-	if e.ExitCode != 0 || e.OOMKilled {
-		kind = corev1.EventTypeWarning
-	}
-	detail := fmt.Sprintf("container %s exited with code %d", e.Container, e.ExitCode)
-	if e.OOMKilled {
-		detail += " (OOMKilled)"
-	}
-	if e.RuntimeRestarted {
-		detail += " after a container runtime restart"
-	}
-	if e.WillRestart {
-		return EventContainerRestarted, fmt.Sprintf("%s on instance %s; restart %d in %ds",
-			detail, o.InstanceID, e.RestartCount+1, e.BackoffSeconds), kind
-	}
-	return EventContainerExited, fmt.Sprintf("%s on instance %s; pod is %s", detail, o.InstanceID, phase), kind
 }

@@ -235,3 +235,36 @@ func boolInt(b bool) int32 {
 	}
 	return 0
 }
+
+// Reasons of the Events Reaper posts on a Pod it writes.
+const (
+	EventContainerExited    = "ContainerExited"
+	EventContainerRestarted = "ContainerRestarting"
+	EventInstanceLost       = "InstanceLost"
+)
+
+// Event is the Event Reaper posts on a Pod it writes the outcome to, now
+// in phase: its reason, its message and its type (Normal or Warning).
+func Event(o Outcome, phase corev1.PodPhase) (reason, msg, kind string) {
+	if o.Exit == nil {
+		return EventInstanceLost, fmt.Sprintf("Instance %s went %s with no container exit reported; container status unknown",
+			o.InstanceID, o.Lost.State), corev1.EventTypeWarning
+	}
+	e := o.Exit
+	kind = corev1.EventTypeNormal
+	if e.ExitCode != 0 || e.OOMKilled {
+		kind = corev1.EventTypeWarning
+	}
+	detail := fmt.Sprintf("container %s exited with code %d", e.Container, e.ExitCode)
+	if e.OOMKilled {
+		detail += " (OOMKilled)"
+	}
+	if e.RuntimeRestarted {
+		detail += " after a container runtime restart"
+	}
+	if e.WillRestart {
+		return EventContainerRestarted, fmt.Sprintf("%s on instance %s; restart %d in %ds",
+			detail, o.InstanceID, e.RestartCount+1, e.BackoffSeconds), kind
+	}
+	return EventContainerExited, fmt.Sprintf("%s on instance %s; pod is %s", detail, o.InstanceID, phase), kind
+}

@@ -155,3 +155,34 @@ func TestOutcomeKey(t *testing.T) {
 		t.Fatal(k)
 	}
 }
+
+// TestEvents: the Event that goes with each row of the truth table.
+func TestEvents(t *testing.T) {
+	lost := Outcome{InstanceID: "i-0123456789abcdef0", Lost: &ledger.Gone{State: "terminated", At: t0}, LostAfter: 3 * time.Minute}
+	for _, tc := range []struct {
+		name              string
+		o                 Outcome
+		phase             corev1.PodPhase
+		reason, msg, kind string
+	}{
+		{"exit 0", exit(0), corev1.PodSucceeded, EventContainerExited,
+			"container main exited with code 0 on instance i-0123456789abcdef0; pod is Succeeded", corev1.EventTypeNormal},
+		{"exit 1", exit(1), corev1.PodFailed, EventContainerExited,
+			"container main exited with code 1 on instance i-0123456789abcdef0; pod is Failed", corev1.EventTypeWarning},
+		{"OOM", exit(137, func(e *ledger.Exit) { e.OOMKilled = true }), corev1.PodFailed, EventContainerExited,
+			"container main exited with code 137 (OOMKilled) on instance i-0123456789abcdef0; pod is Failed", corev1.EventTypeWarning},
+		{"runtime restart", exit(0, func(e *ledger.Exit) { e.RuntimeRestarted = true }), corev1.PodSucceeded, EventContainerExited,
+			"container main exited with code 0 after a container runtime restart on instance i-0123456789abcdef0; pod is Succeeded", corev1.EventTypeNormal},
+		{"restart", exit(1, func(e *ledger.Exit) { e.WillRestart, e.RestartCount, e.BackoffSeconds = true, 2, 40 }), corev1.PodRunning, EventContainerRestarted,
+			"container main exited with code 1 on instance i-0123456789abcdef0; restart 3 in 40s", corev1.EventTypeWarning},
+		{"lost", lost, corev1.PodFailed, EventInstanceLost,
+			"Instance i-0123456789abcdef0 went terminated with no container exit reported; container status unknown", corev1.EventTypeWarning},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reason, msg, kind := Event(tc.o, tc.phase)
+			if reason != tc.reason || msg != tc.msg || kind != tc.kind {
+				t.Fatalf("event %s %q %s, want %s %q %s", reason, msg, kind, tc.reason, tc.msg, tc.kind)
+			}
+		})
+	}
+}
