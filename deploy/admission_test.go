@@ -104,7 +104,7 @@ func TestAdmissionPolicy(t *testing.T) {
 				Container: "main", ContainerID: containerID, ExitCode: 0,
 				StartedAt: now.Add(-time.Hour), FinishedAt: now, ReceivedAt: now,
 			},
-		}, nil)
+		})
 	}
 
 	t.Run("exit on the virtual node", func(t *testing.T) {
