@@ -18,12 +18,14 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
+
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/app"
+	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/instances"
-	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
@@ -32,26 +34,47 @@ import (
 // BenchmarkInit (one more, unmeasured, warms the page cache).
 const coldStarts = 15
 
-// BenchmarkInit measures the exitrecorder bootstrap's init under the
-// runtime interface emulator next to a hello-world aws-lambda-go bootstrap
-// built the same way and run with the same environment: each is started
-// cold (a new emulator and bootstrap process), invoked once, and the
-// emulator's INIT REPORT duration (exec until the first request for an
-// event) read. The two alternate, so drift hits both alike.
+// initGuard is the regression guard on init: a function's cold start may
+// take at most this many times that of a hello-world bootstrap linking the
+// AWS SDK clients the function uses.
+const initGuard = 1.5
+
+// BenchmarkInit measures the exitrecorder's and the reconciler's init under
+// the runtime interface emulator next to hello-world aws-lambda-go
+// bootstraps built the same way and run with the same environment: plain,
+// and linking the SDK clients each function uses (the exitrecorder:
+// config, DynamoDB, SQS; the reconciler: those, EC2, and EKS, STS and
+// Secrets Manager for its Kubernetes access modes). Each is started cold
+// (a new emulator and bootstrap process), invoked once, and the emulator's
+// INIT REPORT duration (exec until the first request for an event) read.
+// They alternate, so drift hits all alike. A function over initGuard times
+// its SDK hello-world fails the benchmark.
 func BenchmarkInit(b *testing.B) {
 	b.StopTimer()
-	env, bins, control := coldStartSetup(b)
+	env, bins, payloads := coldStartSetup(b)
 	fns := []function{
 		{name: "hello", bin: bins["hello"], payload: helloPayload},
-		{name: "exitrecorder", bin: bins["exitrecorder"], payload: control},
+		{name: "hello+recorder-sdk", bin: bins["recordersdk"], payload: helloPayload},
+		{name: "exitrecorder", bin: bins["exitrecorder"], payload: payloads["exitrecorder"]},
+		{name: "hello+reconciler-sdk", bin: bins["reconcilersdk"], payload: helloPayload},
+		{name: "reconciler", bin: bins["reconciler"], payload: payloads["reconciler"]},
 	}
 	medians := coldStartTable(b, fns, coldStarts, env)
-	ratio := medians["exitrecorder"] / medians["hello"]
-	b.ReportMetric(ratio, "init-ratio")
-	b.Logf("init ratio exitrecorder/hello (medians): %.2f", ratio)
+	for _, g := range []struct{ fn, sdk string }{{"exitrecorder", "hello+recorder-sdk"}, {"reconciler", "hello+reconciler-sdk"}} {
+		ratio := medians[g.fn] / medians[g.sdk]
+		b.ReportMetric(ratio, g.fn+"-init-ratio")
+		b.ReportMetric(medians[g.fn]/medians["hello"], g.fn+"-init-ratio-plain")
+		b.Logf("init ratio %s/%s (medians): %.2f; against plain hello-world %.2f", g.fn, g.sdk, ratio, medians[g.fn]/medians["hello"])
+		if ratio > initGuard {
+			b.Errorf("%s init %.1f ms is %.2f× %s's %.1f ms, over the %.1f× guard", g.fn, medians[g.fn], ratio, g.sdk, medians[g.sdk], initGuard)
+		}
+	}
 
 	// Where the package initialisation goes (GODEBUG=inittrace=1).
 	for _, fn := range fns {
+		if fn.name != "hello" && fn.name != "exitrecorder" && fn.name != "reconciler" {
+			continue
+		}
 		trace, err := initTrace(context.Background(), fn, env)
 		if err != nil {
 			b.Fatal(err)
@@ -64,23 +87,23 @@ func BenchmarkInit(b *testing.B) {
 // BenchmarkInitParts.
 const initPartStarts = 9
 
-// BenchmarkInitParts attributes the exitrecorder's init: hello-world
-// bootstraps that link part of its dependencies (the AWS SDK clients, the
-// core/v1 REST client, client-go's typed clientset for comparison) or all
-// of them without calling app.New (bench/testdata/initparts), and the
-// exitrecorder with the default GC.
+// BenchmarkInitParts attributes the functions' init: hello-world
+// bootstraps that link part of their dependencies (the SDK clients of each
+// function, the core/v1 REST client) or all of them without calling
+// app.New (bench/testdata/initparts), the exitrecorder with the default
+// GC, and the two functions.
 func BenchmarkInitParts(b *testing.B) {
 	b.StopTimer()
-	env, bins, control := coldStartSetup(b)
+	env, bins, payloads := coldStartSetup(b)
 	fns := []function{
 		{name: "hello", bin: bins["hello"], payload: helloPayload},
-		{name: "hello+aws-sdk", bin: bins["aws"], payload: helloPayload},
-		{name: "hello+aws-sdk-all", bin: bins["awsall"], payload: helloPayload},
+		{name: "hello+recorder-sdk", bin: bins["recordersdk"], payload: helloPayload},
+		{name: "hello+reconciler-sdk", bin: bins["reconcilersdk"], payload: helloPayload},
 		{name: "hello+corev1-rest", bin: bins["corev1rest"], payload: helloPayload},
-		{name: "hello+clientset", bin: bins["clientset"], payload: helloPayload},
 		{name: "hello+deps", bin: bins["deps"], payload: helloPayload},
-		{name: "exitrecorder-default-GC", bin: bins["exitrecorder"], payload: control, env: []string{"GOGC=100"}},
-		{name: "exitrecorder", bin: bins["exitrecorder"], payload: control},
+		{name: "exitrecorder-default-GC", bin: bins["exitrecorder"], payload: payloads["exitrecorder"], env: []string{"GOGC=100"}},
+		{name: "exitrecorder", bin: bins["exitrecorder"], payload: payloads["exitrecorder"]},
+		{name: "reconciler", bin: bins["reconciler"], payload: payloads["reconciler"]},
 	}
 	coldStartTable(b, fns, initPartStarts, env)
 }
@@ -93,9 +116,10 @@ const productionGOGC = "GOGC=400"
 // coldStartSetup returns what the cold-start benchmarks share: the
 // environment every bootstrap gets, hello-world included (the functions'
 // environment under the emulator, with the GC setting the construct
-// deploys), the built bootstraps, and the exitrecorder's payload (a control
-// message, which makes no calls).
-func coldStartSetup(b *testing.B) (env []string, bins map[string]string, control []byte) {
+// deploys), the built bootstraps, and each function's payload, one that
+// makes no outside call: a control message for the exitrecorder, an empty
+// batch for the reconciler.
+func coldStartSetup(b *testing.B) (env []string, bins map[string]string, payloads map[string][]byte) {
 	b.Helper()
 	w := getWorld(b)
 	bins = buildBootstraps(b)
@@ -103,10 +127,24 @@ func coldStartSetup(b *testing.B) (env []string, bins map[string]string, control
 	if err != nil {
 		b.Fatal(err)
 	}
-	return append(w.lambdaEnv(), productionGOGC), bins, control
+	payloads = map[string][]byte{"exitrecorder": control, "reconciler": []byte(`{"Records":[]}`)}
+	return append(w.lambdaEnv(), productionGOGC), bins, payloads
 }
 
 var helloPayload = []byte(`{"name":"bench"}`)
+
+// controlPayload is the CONTROL_MESSAGE CloudWatch Logs sends to test a
+// subscription: the exitrecorder answers it without any call.
+func controlPayload() ([]byte, error) {
+	ev, err := exitline.Encode(events.CloudwatchLogsData{
+		Owner: "CloudwatchLogs", LogGroup: "", LogStream: "", MessageType: "CONTROL_MESSAGE",
+		LogEvents: []events.CloudwatchLogsLogEvent{{ID: "", Timestamp: time.Now().UnixMilli(), Message: "CWL CONTROL MESSAGE: Checking health of destination Firehose."}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(ev)
+}
 
 // coldStartTable starts each function cold n times (plus one unmeasured
 // start each, which warms the page cache), in alternating order, reports
@@ -313,10 +351,10 @@ func module(pkg string) string {
 // bootstrap under the emulator.
 const emulatorExits = 100
 
-// emulatorGap separates the invocations: the bootstrap runs with the
-// production apiserver client limits (50 QPS, burst 100), which loopback
-// invocations sent back to back would otherwise run into.
-// REAPER_BENCH_EMULATOR_GAP overrides it (a Go duration).
+// emulatorGap separates the invocations, as exits of single Pods arrive:
+// sent back to back, each would also meet the previous one's work still
+// running in dynalite. REAPER_BENCH_EMULATOR_GAP overrides it (a Go
+// duration).
 var emulatorGap = 100 * time.Millisecond
 
 func init() {
@@ -330,8 +368,8 @@ func init() {
 }
 
 // BenchmarkEmulator sends exits, one payload per invocation, through the
-// exitrecorder bootstrap under the emulator (the production binary, wiring
-// and client limits) and reports the emulator's per-invocation Duration, and
+// exitrecorder bootstrap under the emulator (the production binary and
+// wiring) and reports the emulator's per-invocation Duration, and
 // the bootstrap's real memory (VmHWM, VmRSS from /proc; the emulator's "Max
 // Memory Used" is not measured) and Go heap (GODEBUG=gctrace=1).
 func BenchmarkEmulator(b *testing.B) {
@@ -362,7 +400,7 @@ func BenchmarkEmulator(b *testing.B) {
 			if err == nil {
 				err = json.Unmarshal(resp, &sum)
 			}
-			if err == nil && (sum.PodResult != string(kube.Patched) || sum.Terminate != string(instances.Terminating)) {
+			if err == nil && (sum.Recorded != 1 || sum.Queued != 1) {
 				err = fmt.Errorf("summary %s", resp)
 			}
 			if err != nil {
@@ -379,6 +417,9 @@ func BenchmarkEmulator(b *testing.B) {
 		}
 		logs := f.Logs()
 		f.Stop()
+		if _, err := w.receive(ctx, emulatorExits, emulatorExits); err != nil {
+			b.Fatal(err)
+		}
 		if err := w.cleanup(ctx, p); err != nil {
 			b.Fatal(err)
 		}
@@ -432,23 +473,28 @@ func maxHeap(logs string) (heap, goal float64) {
 	return heap, goal
 }
 
-// BenchmarkAppNew is the wiring part of the exitrecorder's init (app.New:
-// configuration, AWS configuration, kubeconfig, clients) in a warm process.
+// BenchmarkAppNew is the wiring part of a function's init (app.New:
+// configuration, AWS configuration, and for the reconciler the kubeconfig
+// and the Kubernetes client) in a warm process.
 func BenchmarkAppNew(b *testing.B) {
 	getWorld(b)
 	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, _, err := app.New(ctx, metrics.FunctionExitRecorder); err != nil {
-			b.Fatal(err)
-		}
+	for _, fn := range []string{metrics.FunctionExitRecorder, metrics.FunctionReconciler} {
+		b.Run(fn, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := app.New(ctx, fn); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
-// BenchmarkEC2TestServer is the in-process EC2 test server's own share of
-// an exit (it runs in the benchmark process, so the handler's allocations
-// and bench CPU include it): one DescribeInstances by instance-id filter
-// and one TerminateInstances, with 1000 instances stored, as in a pass.
+// BenchmarkEC2TestServer is the in-process EC2 test server's own cost (it
+// runs in the benchmark process, so the reconciler's allocations and bench
+// CPU include it): one DescribeInstances by instance-id filter and one
+// TerminateInstances of one instance, with 1000 instances stored.
 func BenchmarkEC2TestServer(b *testing.B) {
 	s := ec2server.New()
 	defer s.Close()
@@ -496,8 +542,8 @@ var built struct {
 	bins map[string]string
 }
 
-// buildBootstraps builds the exitrecorder (replay.Build, as `make build`
-// does) and, with the same flags, bench/testdata/hello and the
+// buildBootstraps builds the exitrecorder, statechange and reconciler
+// (replay.Build, as `make build` does) and, with the same flags, bench/testdata/hello and the
 // bench/testdata/initparts bootstraps, once per run.
 func buildBootstraps(b *testing.B) map[string]string {
 	b.Helper()
@@ -510,17 +556,16 @@ func buildBootstraps(b *testing.B) map[string]string {
 		b.Fatal(err)
 	}
 	dir := filepath.Join(theWorld.dir, "build")
-	bins, err := replay.Build(ctx, root, dir, "exitrecorder")
+	bins, err := replay.Build(ctx, root, dir, metrics.FunctionExitRecorder, metrics.FunctionStateChange, metrics.FunctionReconciler)
 	if err != nil {
 		b.Fatal(err)
 	}
 	for name, pkg := range map[string]string{
-		"hello":      "./bench/testdata/hello",
-		"aws":        "./bench/testdata/initparts/aws",
-		"corev1rest": "./bench/testdata/initparts/corev1rest",
-		"clientset":  "./bench/testdata/initparts/clientset",
-		"awsall":     "./bench/testdata/initparts/awsall",
-		"deps":       "./bench/testdata/initparts/deps",
+		"hello":         "./bench/testdata/hello",
+		"recordersdk":   "./bench/testdata/initparts/recordersdk",
+		"reconcilersdk": "./bench/testdata/initparts/reconcilersdk",
+		"corev1rest":    "./bench/testdata/initparts/corev1rest",
+		"deps":          "./bench/testdata/initparts/deps",
 	} {
 		bin := filepath.Join(dir, name, "bootstrap")
 		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-tags", "lambda.norpc", "-ldflags=-s -w", "-o", bin, pkg)

@@ -3,53 +3,41 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/ec2"
-	"k8s.io/client-go/rest"
 
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/app"
-	"github.com/reaper-k8s/reaper/pkg/config"
-	"github.com/reaper-k8s/reaper/pkg/instances"
-	"github.com/reaper-k8s/reaper/pkg/kube"
-	"github.com/reaper-k8s/reaper/pkg/kubeclient"
-	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
-// table is the ledger table the benchmarks write.
+// table is the ledger table the in-process functions write; NewLab gives
+// it the work queue table+"-work".
 const table = "reaper-bench-ledger"
 
-// Client-side rate limit for the apiserver clients of the in-process
-// sandboxes. Production uses 50 QPS, burst 100 (pkg/kubeclient): a Lambda
-// sandbox handles one payload at a time and, against AWS latencies, never
-// reaches it. Against loopback a sandbox runs exits back to back fast
-// enough for the limiter to become the bottleneck, which would measure the
-// limiter instead of the code, so it is lifted here (REPORT.md, "Method").
-const (
-	benchQPS   = 5000
-	benchBurst = 10000
-)
+// unpaced is REAPER_EC2_LIMITS for the in-process reconciler: buckets so
+// large its pacing never waits. The per-exit benchmarks measure the work of
+// an exit; BenchmarkBurst measures the buckets.
+const unpaced = "describe=1000000/1000000,terminate=1000000/1000000,terminate-instances=1000000/1000000"
 
 // world is the stack every benchmark shares: started once, on first use,
 // and stopped by TestMain.
 type world struct {
 	stack *localstack.Stack
-	lab   *replay.Lab
-	cfg   config.Config
-	dir   string
+	// lab holds the ledger table and the work queue of the in-process
+	// functions; it runs no function itself.
+	lab *replay.Lab
+	// dynamo counts the in-process functions' DynamoDB requests.
+	dynamo *replay.OperationCounter
+	dir    string
+	// devNull is where the in-process functions log.
+	devNull *os.File
 
 	mu     sync.Mutex
 	passes int
@@ -65,7 +53,9 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if theWorld != nil {
 		theWorld.lab.Stop()
+		theWorld.dynamo.Close()
 		theWorld.stack.Stop()
+		theWorld.devNull.Close()
 		os.RemoveAll(theWorld.dir)
 	}
 	os.Exit(code)
@@ -86,17 +76,25 @@ func startWorld() (*world, error) {
 	if err != nil {
 		return nil, err
 	}
+	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return nil, err
+	}
 	stack, err := localstack.Start(ctx, localstack.Options{})
 	if err != nil {
 		return nil, err
 	}
-	lab, err := replay.NewLab(ctx, stack, table, nil)
-	if err != nil {
+	w := &world{stack: stack, dir: dir, devNull: devNull}
+	if w.dynamo, err = replay.NewOperationCounter(stack.DynamoEndpoint); err != nil {
 		stack.Stop()
 		return nil, err
 	}
-	// The sandboxes are wired from the environment like app.New does, so
-	// this process gets the environment the bootstrap gets under the
+	if w.lab, err = replay.NewLab(ctx, stack, table, nil); err != nil {
+		stack.Stop()
+		return nil, err
+	}
+	// The in-process functions are wired by app.New from the environment,
+	// so this process gets the environment the bootstraps get under the
 	// emulator, with no shared AWS config files and no other AWS_*
 	// settings (an AWS_CA_BUNDLE, say, would be parsed at every wiring).
 	for _, kv := range os.Environ() {
@@ -104,7 +102,9 @@ func startWorld() (*world, error) {
 			os.Unsetenv(k)
 		}
 	}
-	env := append(stack.Env(), "REAPER_TABLE="+table,
+	env := append(w.lambdaEnv(),
+		"AWS_ENDPOINT_URL_DYNAMODB="+w.dynamo.URL(),
+		"REAPER_EC2_LIMITS="+unpaced,
 		"AWS_CONFIG_FILE="+filepath.Join(dir, "aws-config"),
 		"AWS_SHARED_CREDENTIALS_FILE="+filepath.Join(dir, "aws-credentials"))
 	for _, kv := range env {
@@ -113,12 +113,6 @@ func startWorld() (*world, error) {
 			return nil, err
 		}
 	}
-	cfg, err := config.FromEnv(os.Getenv)
-	if err != nil {
-		stack.Stop()
-		return nil, err
-	}
-	w := &world{stack: stack, lab: lab, cfg: cfg, dir: dir}
 	if err := w.warmUp(ctx); err != nil {
 		stack.Stop()
 		return nil, fmt.Errorf("warm-up: %w", err)
@@ -126,15 +120,18 @@ func startWorld() (*world, error) {
 	return w, nil
 }
 
-// warmUpExits go through the handler (which makes every kind of call the
-// floor makes, and more), untimed, before the first benchmark:
-// a fresh stack is slower for a while (dynalite's JIT, the apiserver's and
-// etcd's caches), which would otherwise count against whichever benchmark
-// runs first.
+// warmUpExits go through the in-process exitrecorder and reconciler,
+// untimed, before the first benchmark: a fresh stack is slower for a while
+// (dynalite's JIT, the apiserver's and etcd's caches), which would
+// otherwise count against whichever benchmark runs first.
 const warmUpExits = 500
 
 func (w *world) warmUp(ctx context.Context) error {
-	sandboxes, err := w.newSandboxes(ctx, 8, variant{}, nil)
+	recorders, err := w.newReapers(ctx, metrics.FunctionExitRecorder, 8)
+	if err != nil {
+		return err
+	}
+	reconciler, err := w.newReaper(ctx, metrics.FunctionReconciler)
 	if err != nil {
 		return err
 	}
@@ -142,125 +139,48 @@ func (w *world) warmUp(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := drive(ctx, sandboxes, p, handlerPath); err != nil {
+	if _, err := record(ctx, recorders, p); err != nil {
 		return err
+	}
+	batches, err := w.receive(ctx, warmUpExits, warmUpExits)
+	if err != nil {
+		return err
+	}
+	for _, ev := range batches {
+		if err := reconcile(ctx, reconciler, ev); err != nil {
+			return err
+		}
 	}
 	return w.cleanup(ctx, p)
 }
 
-// lambdaEnv is what a bootstrap under the emulator runs with.
-func (w *world) lambdaEnv() []string {
-	return append(w.stack.Env(), "REAPER_TABLE="+table)
+// lambdaEnv is what a bootstrap of the bench lab runs with under the
+// emulator (a copy, to append to).
+func (w *world) lambdaEnv() []string { return slices.Clone(w.lab.Env) }
+
+// newReaper builds a function's Reaper with app.New, as its main does, from
+// this process's environment (startWorld). Its log, and the metrics
+// written through it, go to /dev/null: under Lambda they go to stdout, and
+// this process's stdout is for the results. app.New takes os.Stdout when
+// it builds the logger, hence the swap, one wiring at a time.
+func (w *world) newReaper(ctx context.Context, function string) (*reaper.Reaper, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	stdout := os.Stdout
+	os.Stdout = w.devNull
+	defer func() { os.Stdout = stdout }()
+	r, _, err := app.New(ctx, function)
+	return r, err
 }
 
-// sandbox is one Lambda execution environment's worth of state: the Reaper
-// app.New would build, with its own AWS HTTP clients and its own apiserver
-// connection. A worker of the benchmark owns one, as a sandbox handles one
-// invocation at a time.
-type sandbox struct {
-	r     *reaper.Reaper
-	table *ledger.Table
-	kube  *rest.RESTClient
-	fleet *instances.Fleet
-}
-
-// newSandbox wires a Reaper the way app.New does (same configuration, same
-// AWS retry tuning, same REST configuration) with the call counters added,
-// and the variant's changes applied.
-func (w *world) newSandbox(ctx context.Context, v variant, known knownInstances) (*sandbox, error) {
-	awsCfg, err := app.AWSConfig(ctx)
-	if err != nil {
-		return nil, err
-	}
-	awsCfg.APIOptions = append(awsCfg.APIOptions, countAWS(v))
-	rc, err := kubeclient.RESTConfig(ctx, w.cfg.Kube, awsCfg)
-	if err != nil {
-		return nil, err
-	}
-	rc.QPS, rc.Burst = benchQPS, benchBurst
-	// A dial function of its own keeps client-go from sharing one cached
-	// transport (and so one HTTP/2 connection) between the sandboxes.
-	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
-	rc.Dial = dialer.DialContext
-	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &kubeTransport{next: rt, v: v} })
-	kc, err := kube.NewClient(rc)
-	if err != nil {
-		return nil, err
-	}
-	tbl := ledger.New(dynamodb.NewFromConfig(awsCfg), w.cfg.Table)
-	fleet := instances.NewFleet(ec2.NewFromConfig(awsCfg), w.cfg.Tags, w.cfg.Cluster, w.cfg.DryRun)
-	r := &reaper.Reaper{
-		Ledger: tbl,
-		Pods:   kube.NewStatusWriter(kc, w.cfg.DryRun),
-		Fleet:  fleet,
-		Policy: reaper.Policy{ExitWait: w.cfg.ExitWait, TerminateStopped: w.cfg.TerminateStopped},
-		DryRun: w.cfg.DryRun,
-		// app.Logger's JSON handler, writing where nobody reads.
-		Log: slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: w.cfg.LogLevel})),
-		Now: time.Now,
-	}
-	if v.noMarkDone {
-		r.Ledger = noMarkDone{tbl}
-	}
-	if v.noDescribe {
-		r.Fleet = taggedFleet{Fleet: fleet, known: known}
-	}
-	sb := &sandbox{r: r, table: tbl, kube: kc, fleet: fleet}
-	return sb, sb.warm(ctx)
-}
-
-// warm opens the sandbox's connections (TLS to the apiserver, HTTP to
-// dynalite and the EC2 server), as the first invocations of a sandbox do.
-func (sb *sandbox) warm(ctx context.Context) error {
-	if _, _, err := sb.table.Get(ctx, "i-00000000"); err != nil {
-		return err
-	}
-	if err := sb.kube.Get().Resource("namespaces").Name("default").Do(ctx).Error(); err != nil {
-		return err
-	}
-	_, err := sb.fleet.Describe(ctx, []string{"i-00000000"})
-	return err
-}
-
-// noMarkDone is the ledger without the mark-done write (a measurement of
-// what that write costs, not a proposal on its own; see REPORT.md).
-type noMarkDone struct{ reaper.Ledger }
-
-func (noMarkDone) MarkDone(context.Context, string, ledger.Done) error { return nil }
-
-// knownInstances answers what the tag lookup would: the fixtures know it.
-type knownInstances func(id string) (instances.Instance, bool)
-
-// taggedFleet answers the tag lookup from the fixtures, as a Fleet relying
-// on the IAM policy's tag condition (UnauthorizedOperation for an instance
-// not managed) and TerminateInstances' previous state would.
-type taggedFleet struct {
-	*instances.Fleet
-	known knownInstances
-}
-
-func (f taggedFleet) Describe(_ context.Context, ids []string) (map[string]instances.Instance, error) {
-	out := make(map[string]instances.Instance, len(ids))
-	for _, id := range ids {
-		if i, ok := f.known(id); ok {
-			out[id] = i
-		}
-	}
-	return out, nil
-}
-
-// newSandboxes builds n sandboxes concurrently.
-func (w *world) newSandboxes(ctx context.Context, n int, v variant, known knownInstances) ([]*sandbox, error) {
-	out := make([]*sandbox, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { out[i], errs[i] = w.newSandbox(ctx, v, known) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
+// newReapers builds n Reapers of a function: one per Lambda execution
+// environment, each with its own clients and connections.
+func (w *world) newReapers(ctx context.Context, function string, n int) ([]*reaper.Reaper, error) {
+	out := make([]*reaper.Reaper, n)
+	for i := range out {
+		var err error
+		if out[i], err = w.newReaper(ctx, function); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil

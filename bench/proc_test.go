@@ -2,7 +2,6 @@ package bench
 
 import (
 	"fmt"
-	"github.com/reaper-k8s/reaper/internal/localstack"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -12,14 +11,16 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/reaper-k8s/reaper/internal/localstack"
 )
 
 // clockTick is the unit of /proc CPU times (USER_HZ, 100 on Linux).
 const clockTick = 10 * time.Millisecond
 
-// cpuSample is the CPU time used so far by this process (the handler's
-// clients and the in-process EC2 test server), by the stack's processes,
-// and by the whole machine.
+// cpuSample is the CPU time used so far by this process (the in-process
+// functions' clients, the EC2 and SQS test servers, the DynamoDB counting
+// proxy), by the stack's processes, and by the whole machine.
 type cpuSample struct {
 	by   map[string]time.Duration // "bench", "apiserver", "etcd", "dynalite"
 	busy time.Duration            // every CPU of the machine, non-idle
@@ -167,7 +168,7 @@ func waitQuiet(b *testing.B) map[string]float64 {
 }
 
 // profileEnv names a directory: each timed pass then writes a CPU profile
-// of this process there (the handler's clients and the EC2 test server).
+// of this process there (the in-process functions and the test servers).
 const profileEnv = "REAPER_BENCH_CPUPROFILE"
 
 func startProfile(b *testing.B) (stop func()) {

@@ -1,5 +1,5 @@
 // Command hello is the smallest aws-lambda-go function: the baseline the
-// exitrecorder's init time is compared with (BenchmarkInit).
+// functions' init times are compared with (BenchmarkInit).
 package main
 
 import (

@@ -1,6 +1,6 @@
 // Command deps is the hello-world bootstrap linking every package the
-// exitrecorder links, without calling app.New: the exitrecorder's init less
-// this one's is the wiring's share (BenchmarkInitParts).
+// functions link, without calling app.New: a function's init less this
+// one's is the wiring's share (BenchmarkInitParts).
 package main
 
 import (

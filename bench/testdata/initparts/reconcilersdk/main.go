@@ -1,7 +1,7 @@
-// Command awsall is the hello-world bootstrap linking every AWS SDK package
-// the exitrecorder links: config, DynamoDB and EC2, and the EKS, STS and
-// Secrets Manager clients its Kubernetes access modes need
-// (BenchmarkInitParts).
+// Command reconcilersdk is the hello-world bootstrap linking the AWS SDK
+// clients the reconciler uses: config, DynamoDB, SQS and EC2, and the EKS,
+// STS and Secrets Manager clients its Kubernetes access modes need
+// (BenchmarkInit's guard for the reconciler).
 package main
 
 import (
@@ -15,6 +15,7 @@ import (
 	_ "github.com/aws/aws-sdk-go-v2/service/ec2"
 	_ "github.com/aws/aws-sdk-go-v2/service/eks"
 	_ "github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	_ "github.com/aws/aws-sdk-go-v2/service/sqs"
 	_ "github.com/aws/aws-sdk-go-v2/service/sts"
 )
 

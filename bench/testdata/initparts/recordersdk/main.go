@@ -1,5 +1,6 @@
-// Command aws is the hello-world bootstrap linking the AWS SDK packages the
-// exitrecorder uses: config, DynamoDB and EC2 (BenchmarkInitParts).
+// Command recordersdk is the hello-world bootstrap linking the AWS SDK
+// clients the exitrecorder uses: config, DynamoDB and SQS (BenchmarkInit's
+// guard for the exitrecorder).
 package main
 
 import (
@@ -10,7 +11,7 @@ import (
 	_ "github.com/aws/aws-sdk-go-v2/config"
 	_ "github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	_ "github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	_ "github.com/aws/aws-sdk-go-v2/service/ec2"
+	_ "github.com/aws/aws-sdk-go-v2/service/sqs"
 )
 
 func main() {

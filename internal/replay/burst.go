@@ -1,0 +1,991 @@
+package replay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/reaper-k8s/reaper/internal/esm"
+	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/pkg/exitline"
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/reaper"
+	"github.com/reaper-k8s/reaper/pkg/statechange"
+)
+
+// BurstOptions shape a burst: Exits Pods that end at once, each on an
+// instance of its own.
+type BurstOptions struct {
+	Exits int
+	// Senders are the exitrecorder environments the exit payloads are
+	// delivered through in parallel, as Lambda runs concurrent invocations
+	// of a subscription's payloads (default 4). With StateChanges as many
+	// statechange environments deliver the EventBridge events.
+	Senders int
+	// Scale compresses time: the reconciler paces itself at EC2's published
+	// buckets with their refill rates multiplied by Scale (default 1). Turn
+	// the EC2 test server's buckets on at the same scale before Run:
+	// EnableBuckets(ec2server.PublishedLimits(), Scale).
+	Scale float64
+	// Share is the part of the buckets the reconcilers take together
+	// (REAPER_EC2_SHARE; default 0.5, the function's default).
+	Share float64
+	// StateChanges also delivers, for each instance terminated, the
+	// shutting-down and terminated events EventBridge sends.
+	StateChanges bool
+	// Progress, when not nil, shows a one-line progress indicator.
+	Progress io.Writer
+	// Lab shapes the lab. Its BatchingWindow and QueueVisibility default
+	// to the construct's (1 s, and 6 × the reconciler's 5 min timeout)
+	// rather than NewLab's 50 ms and 5 s: a burst's batches take longer
+	// than 5 s, and a visibility timeout shorter than a batch hands its
+	// messages to a second reconciler while the first still works on them.
+	Lab LabOptions
+}
+
+func (o BurstOptions) withDefaults() BurstOptions {
+	if o.Senders == 0 {
+		o.Senders = 4
+	}
+	if o.Scale == 0 {
+		o.Scale = 1
+	}
+	if o.Share == 0 {
+		o.Share = 0.5
+	}
+	if o.Lab.BatchingWindow == 0 {
+		o.Lab.BatchingWindow = time.Second
+	}
+	if o.Lab.QueueVisibility == 0 {
+		o.Lab.QueueVisibility = 30 * time.Minute
+	}
+	return o
+}
+
+// Burst is a lab for bursts of exits: its own ledger table and work queue,
+// exitrecorders to deliver through, reconcilers paced at the scaled
+// published limits, and a counting proxy in front of DynamoDB.
+type Burst struct {
+	Lab  *Lab
+	opts BurstOptions
+	// dynamo counts the functions' DynamoDB requests: no counter can be put
+	// inside the emulated processes, so their endpoint is a proxy.
+	dynamo *OperationCounter
+	// ec2 notes the functions' EC2 requests by SDK operation.
+	ec2 *ec2Recorder
+	// exitSenders and stateSenders deliver payloads, one invocation at a
+	// time each; the first of each is the lab's own.
+	exitSenders, stateSenders []*localstack.Function
+}
+
+// NewBurst creates the burst's lab on stack with a ledger table of its own
+// (so a queue of its own) from bootstraps, which must hold the
+// exitrecorder and the reconciler, and the statechange function for
+// StateChanges.
+func NewBurst(ctx context.Context, stack *localstack.Stack, table string, bootstraps map[string]string, opts BurstOptions) (*Burst, error) {
+	opts = opts.withDefaults()
+	if opts.Exits < 1 || opts.Scale <= 0 || opts.Share <= 0 || opts.Share > 1 {
+		return nil, fmt.Errorf("burst: %d exits, scale %v, share %v: want at least one exit, a positive scale and a share in (0, 1]", opts.Exits, opts.Scale, opts.Share)
+	}
+	names := []string{metrics.FunctionExitRecorder, metrics.FunctionReconciler}
+	if opts.StateChanges {
+		names = append(names, metrics.FunctionStateChange)
+	}
+	bins := map[string]string{}
+	for _, name := range names {
+		bin, ok := bootstraps[name]
+		if !ok {
+			return nil, fmt.Errorf("burst: no %s bootstrap", name)
+		}
+		bins[name] = bin
+	}
+	dynamo, err := NewOperationCounter(stack.DynamoEndpoint)
+	if err != nil {
+		return nil, err
+	}
+	b := &Burst{opts: opts, dynamo: dynamo, ec2: newEC2Recorder(stack.EC2.URL())}
+	labOpts := opts.Lab
+	labOpts.Env = append(slices.Clone(labOpts.Env),
+		"AWS_ENDPOINT_URL_DYNAMODB="+dynamo.URL(),
+		"AWS_ENDPOINT_URL_EC2="+b.ec2.srv.URL,
+		"REAPER_EC2_LIMITS="+ScaledLimits(opts.Scale),
+		fmt.Sprintf("REAPER_EC2_SHARE=%g", opts.Share))
+	if b.Lab, err = NewLabWith(ctx, stack, table, bins, labOpts); err != nil {
+		dynamo.Close()
+		b.ec2.srv.Close()
+		return nil, err
+	}
+	start := func(name string) ([]*localstack.Function, error) {
+		fs := []*localstack.Function{b.Lab.Functions[name]}
+		for len(fs) < opts.Senders {
+			f, err := localstack.StartFunction(ctx, bins[name], b.Lab.Env)
+			if err != nil {
+				return fs, err
+			}
+			fs = append(fs, f)
+		}
+		return fs, nil
+	}
+	b.exitSenders, err = start(metrics.FunctionExitRecorder)
+	if err == nil && opts.StateChanges {
+		b.stateSenders, err = start(metrics.FunctionStateChange)
+	}
+	if err != nil {
+		b.Stop()
+		return nil, err
+	}
+	return b, nil
+}
+
+// ScaledLimits is REAPER_EC2_LIMITS for EC2's published buckets with their
+// refill rates multiplied by scale, as EnableBuckets scales the test
+// server's.
+func ScaledLimits(scale float64) string {
+	p := instances.PublishedBudget()
+	return fmt.Sprintf("describe=%d/%g,terminate=%d/%g,terminate-instances=%d/%g",
+		p.Describe.Capacity, p.Describe.Refill*scale,
+		p.Terminate.Capacity, p.Terminate.Refill*scale,
+		p.TerminateInstances.Capacity, p.TerminateInstances.Refill*scale)
+}
+
+// Stop stops the lab and the extra senders.
+func (b *Burst) Stop() {
+	for _, fs := range [][]*localstack.Function{b.exitSenders, b.stateSenders} {
+		for _, f := range fs[min(1, len(fs)):] {
+			f.Stop()
+		}
+	}
+	if b.Lab != nil {
+		b.Lab.Stop()
+	}
+	b.dynamo.Close()
+	b.ec2.srv.Close()
+}
+
+// burstRuns numbers the runs of this process: each gets its own namespace
+// and instance ids on the shared stack.
+var burstRuns atomic.Int64
+
+// BurstPod is one Pod of a burst and how it ended.
+type BurstPod struct {
+	Name, InstanceID string
+	ExitCode         int
+	// Delivered is when its exit payload was handed to an exitrecorder;
+	// Terminal when the apiserver reported it Succeeded or Failed (zero if
+	// it never did), with Phase.
+	Delivered, Terminal time.Time
+	Phase               corev1.PodPhase
+	// ShuttingDown is when the first successful TerminateInstances naming
+	// its instance arrived (zero if none did).
+	ShuttingDown time.Time
+	// Terminates counts the TerminateInstances operations that succeeded
+	// naming it: an SDK retry of an operation is the same operation.
+	Terminates int
+}
+
+// BatchCost is one reconciler invocation: its batch line and the
+// emulator's duration for it.
+type BatchCost struct {
+	reaper.BatchSummary
+	Duration time.Duration
+}
+
+// BurstResult is what a burst took and came to.
+type BurstResult struct {
+	Exits int
+	Scale float64
+	Share float64
+	// Namespace holds the burst's Pods.
+	Namespace string
+	Pods      []BurstPod
+	// FirstDelivery is when the first payload went out; Delivering how
+	// long delivering all of them took.
+	FirstDelivery time.Time
+	Delivering    time.Duration
+	// EC2 counts the EC2 test server's requests by action while the burst
+	// ran (refused ones included: the server is the burst's alone) and
+	// Refused those its buckets refused. Retried counts the requests that
+	// were SDK retries of an operation already sent.
+	EC2, Refused, Retried map[string]int
+	// Kube counts apiserver requests by "VERB resource[/subresource]"
+	// (apiserver_request_total, which counts every client of the
+	// apiserver: the reconcilers', the apiserver's own, this process's
+	// watch of the Pods).
+	Kube map[string]int
+	// Dynamo counts the functions' DynamoDB requests by operation.
+	Dynamo map[string]int
+	// SQS counts the work queue's requests by action.
+	SQS map[string]int
+	// StateEvents is how many state-change events were delivered.
+	StateEvents int
+	// Mapping is what the event source mapping did during the burst.
+	Invocations, FailedInvocations int
+	BatchSizes                     []int
+	// Batches are the reconciler invocations, in no particular order
+	// across reconcilers.
+	Batches []BatchCost
+	// DeadLettered is the dead-letter queue's depth after the burst.
+	DeadLettered int
+}
+
+// AllShuttingDown is the time from the first delivery until the last
+// instance was shutting down, and whether every one was.
+func (r *BurstResult) AllShuttingDown() (time.Duration, bool) {
+	var last time.Time
+	for _, p := range r.Pods {
+		if p.ShuttingDown.IsZero() {
+			return 0, false
+		}
+		if p.ShuttingDown.After(last) {
+			last = p.ShuttingDown
+		}
+	}
+	return last.Sub(r.FirstDelivery), true
+}
+
+// PodLatencies are, sorted, each terminal Pod's time from its delivery
+// until the apiserver reported it terminal.
+func (r *BurstResult) PodLatencies() []time.Duration {
+	var out []time.Duration
+	for _, p := range r.Pods {
+		if !p.Terminal.IsZero() {
+			out = append(out, p.Terminal.Sub(p.Delivered))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TerminateFloor is the least time EC2's resource bucket for
+// TerminateInstances (1,000 instances, 20 a second, refill × the scale)
+// allows for every instance to be shutting down to a client that may spend
+// share of it: (N − share·1000) / (share·20·scale), at least zero.
+func (r *BurstResult) TerminateFloor(share float64) time.Duration {
+	b := instances.PublishedBudget().TerminateInstances
+	s := (float64(r.Exits) - share*float64(b.Capacity)) / (share * b.Refill * r.Scale)
+	return time.Duration(math.Max(0, s) * float64(time.Second))
+}
+
+// Run lets the burst's Pods end at once: it creates Exits running Pods
+// with tagged instances, delivers their exit payloads through the
+// exitrecorders in parallel (with StateChanges also the state-change
+// events of each terminated instance), waits until the work queue is
+// drained, and reports what it took. Every seventh Pod exits 1, the others
+// 0. The EC2 test server must be the burst's alone while it runs.
+func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
+	run := burstRuns.Add(1)
+	n := b.opts.Exits
+	stack := b.Lab.Stack
+	res := &BurstResult{Exits: n, Scale: b.opts.Scale, Share: b.opts.Share, Namespace: fmt.Sprintf("burst-%d", run), Pods: make([]BurstPod, n)}
+	bar := NewProgress(b.opts.Progress, "burst", n)
+	payloads, err := b.createPods(ctx, run, res, bar)
+	if err != nil {
+		return nil, err
+	}
+	byInstance := make(map[string]int, n)
+	for i, p := range res.Pods {
+		byInstance[p.InstanceID] = i
+	}
+
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	terminal, err := watchTerminal(watchCtx, stack, res.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	ec2Before, sqsBefore := len(stack.EC2.Calls()), len(stack.SQS.Calls())
+	kubeBefore, err := KubeRequests(ctx, stack)
+	if err != nil {
+		return nil, err
+	}
+	b.dynamo.Reset()
+	b.ec2.reset()
+	stats := b.Lab.Mapping.Stats()
+	logsBefore := make([]int, len(b.Lab.Reconcilers))
+	for i, f := range b.Lab.Reconcilers {
+		logsBefore[i] = len(f.Logs())
+	}
+
+	var delivered, shuttingDown atomic.Int64
+	stopBar := make(chan struct{})
+	barDone := make(chan struct{})
+	go func() {
+		defer close(barDone)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopBar:
+				return
+			case <-tick.C:
+				// The indicator ends with its last step, after the drain.
+				bar.Step(min(int(shuttingDown.Load()), n-1), fmt.Sprintf("exits: %d delivered, instances shutting down", delivered.Load()))
+			}
+		}
+	}()
+
+	var states *stateSender
+	if b.opts.StateChanges {
+		states = b.startStateChanges(ctx, ec2Before, byInstance, &shuttingDown)
+	} else {
+		go countShuttingDown(stopBar, stack, ec2Before, byInstance, &shuttingDown)
+	}
+	res.FirstDelivery = time.Now()
+	deliverErr := b.deliver(ctx, res, payloads, &delivered)
+	res.Delivering = time.Since(res.FirstDelivery)
+	errs := []error{deliverErr, b.drain(ctx)}
+	if states != nil {
+		res.StateEvents, err = states.finish()
+		errs = append(errs, err, b.drain(ctx))
+	}
+	// The watch lags the apiserver's writes a little.
+	errs = append(errs, terminal.wait(ctx, n, 10*time.Second))
+	close(stopBar)
+	<-barDone
+	stopWatch()
+
+	b.collect(ctx, res, byInstance, terminal, ec2Before, sqsBefore, kubeBefore, stats, logsBefore, &errs)
+	bar.Step(n, fmt.Sprintf("exits: %d delivered, instances shutting down", n))
+	return res, errors.Join(errs...)
+}
+
+// drain waits until the work queue is drained, for as long as the
+// reconcilers keep finishing batches: Lab.Drain gives up after a while, and
+// a burst's batch can take longer.
+func (b *Burst) drain(ctx context.Context) error {
+	for {
+		before := b.Lab.Mapping.Stats().Invocations
+		err := b.Lab.Drain(ctx)
+		if err == nil || ctx.Err() != nil || b.Lab.Mapping.Stats().Invocations == before {
+			return err
+		}
+	}
+}
+
+// burstFixtureWorkers bounds concurrent fixture writes to the apiserver.
+const burstFixtureWorkers = 16
+
+// createPods creates the running Pods and their instances and returns the
+// exit payloads.
+func (b *Burst) createPods(ctx context.Context, run int64, res *BurstResult, bar *Progress) ([][]byte, error) {
+	if err := b.Lab.Stack.EnsureNamespaces(ctx, res.Namespace); err != nil {
+		return nil, err
+	}
+	n := len(res.Pods)
+	payloads := make([][]byte, n)
+	errs := make([]error, n)
+	var created atomic.Int64
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range burstFixtureWorkers {
+		wg.Go(func() {
+			for i := range next {
+				pod, err := b.Lab.RunningPod(ctx, res.Namespace, fmt.Sprintf("exit-%05d", i), corev1.RestartPolicyNever)
+				if err != nil {
+					errs[i] = err
+					continue
+				}
+				id := fmt.Sprintf("i-0b5%02x%012x", run%256, i)
+				b.Lab.AddInstance(id, pod, true)
+				code := 0
+				if i%7 == 6 {
+					code = 1
+				}
+				res.Pods[i] = BurstPod{Name: pod.Name, InstanceID: id, ExitCode: code}
+				payloads[i], errs[i] = ExitPayload(id, pod, code, i)
+				if c := created.Add(1); c%100 == 0 {
+					bar.Step(0, fmt.Sprintf("creating Pods: %d", c))
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return payloads, errors.Join(errs...)
+}
+
+// ExitPayload is the subscription payload carrying the exit line of the
+// Pod's container (restart policy Never: no restart), encoded as
+// CloudWatch Logs delivers it and as the Lambda runtime hands it to the
+// function: JSON. seq makes the log event id unique.
+func ExitPayload(instanceID string, pod *corev1.Pod, code, seq int) ([]byte, error) {
+	now := time.Now().UTC()
+	line, err := json.Marshal(exitline.Line{
+		Reaper: exitline.Kind, V: exitline.Version, InstanceID: instanceID,
+		PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: string(pod.UID),
+		Container: "main", ContainerID: BareContainerID(pod),
+		ExitCode: code, StartedAt: now.Add(-time.Hour), FinishedAt: now,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ev, err := exitline.Encode(events.CloudwatchLogsData{
+		Owner: "123456789012", LogGroup: "/reaper/exits", LogStream: instanceID,
+		SubscriptionFilters: []string{"reaper-exits"}, MessageType: "DATA_MESSAGE",
+		LogEvents: []events.CloudwatchLogsLogEvent{{
+			ID: fmt.Sprintf("3808%032d", seq), Timestamp: now.UnixMilli(), Message: string(line),
+		}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(ev)
+}
+
+// deliver hands every payload to the exitrecorders, one invocation at a
+// time each, and checks each summary.
+func (b *Burst) deliver(ctx context.Context, res *BurstResult, payloads [][]byte, delivered *atomic.Int64) error {
+	next := make(chan int)
+	errs := make([]error, len(payloads))
+	var wg sync.WaitGroup
+	for _, f := range b.exitSenders {
+		wg.Go(func() {
+			for i := range next {
+				res.Pods[i].Delivered = time.Now()
+				errs[i] = invokeExpect(ctx, f, payloads[i], func(s reaper.ExitSummary) bool { return s.Recorded == 1 && s.Queued == 1 })
+				delivered.Add(1)
+			}
+		})
+	}
+	for i := range payloads {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// invokeExpect invokes f and checks its decoded response with ok.
+func invokeExpect[T any](ctx context.Context, f *localstack.Function, payload []byte, ok func(T) bool) error {
+	resp, fnErr, err := f.Invoke(ctx, payload)
+	if err == nil && fnErr != nil {
+		err = fnErr
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", f.Name, err)
+	}
+	var out T
+	if err := json.Unmarshal(resp, &out); err != nil || !ok(out) {
+		return fmt.Errorf("%s: response %s", f.Name, resp)
+	}
+	return nil
+}
+
+// tailPoll is how often the EC2 test server's log is read for terminates.
+const tailPoll = 50 * time.Millisecond
+
+// terminatedSince calls fn with each burst instance named by a successful
+// TerminateInstances among the server's calls from index from on, and
+// returns the index to read from next.
+func terminatedSince(stack *localstack.Stack, from int, byInstance map[string]int, fn func(id string)) int {
+	calls := stack.EC2.Calls()
+	for _, c := range calls[min(from, len(calls)):] {
+		if c.Action != "TerminateInstances" || c.ErrorCode != "" {
+			continue
+		}
+		for _, id := range c.InstanceIDs {
+			if _, ok := byInstance[id]; ok {
+				fn(id)
+			}
+		}
+	}
+	return len(calls)
+}
+
+// countShuttingDown keeps shuttingDown at the number of burst instances
+// terminated so far, for the progress indicator, until stop is closed.
+func countShuttingDown(stop <-chan struct{}, stack *localstack.Stack, from int, byInstance map[string]int, shuttingDown *atomic.Int64) {
+	seen := map[string]bool{}
+	tick := time.NewTicker(tailPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			from = terminatedSince(stack, from, byInstance, func(id string) { seen[id] = true })
+			shuttingDown.Store(int64(len(seen)))
+		}
+	}
+}
+
+// stateSender delivers the state-change events of the instances the
+// reconcilers terminate, as EventBridge does: shutting-down, then
+// terminated (the EC2 test server settles terminations at once).
+type stateSender struct {
+	stop chan struct{}
+	done chan struct{}
+	sent atomic.Int64
+	err  error
+}
+
+func (b *Burst) startStateChanges(ctx context.Context, from int, byInstance map[string]int, shuttingDown *atomic.Int64) *stateSender {
+	s := &stateSender{stop: make(chan struct{}), done: make(chan struct{})}
+	ids := make(chan string, len(byInstance))
+	var wg sync.WaitGroup
+	errs := make([]error, len(b.stateSenders))
+	for k, f := range b.stateSenders {
+		wg.Go(func() {
+			for id := range ids {
+				for _, state := range []string{"shutting-down", "terminated"} {
+					payload, err := burstStateEvent(id, state, time.Now())
+					if err == nil {
+						err = invokeExpect(ctx, f, payload, func(s reaper.StateSummary) bool { return s.Queued })
+					}
+					if err != nil {
+						errs[k] = errors.Join(errs[k], err)
+						continue
+					}
+					s.sent.Add(1)
+				}
+			}
+		})
+	}
+	go func() {
+		defer close(s.done)
+		seen := map[string]bool{}
+		tail := func() {
+			from = terminatedSince(b.Lab.Stack, from, byInstance, func(id string) {
+				if !seen[id] {
+					seen[id] = true
+					ids <- id
+				}
+			})
+			shuttingDown.Store(int64(len(seen)))
+		}
+		tick := time.NewTicker(tailPoll)
+		defer tick.Stop()
+	loop:
+		for len(seen) < len(byInstance) {
+			select {
+			case <-s.stop:
+				break loop
+			case <-tick.C:
+				tail()
+			}
+		}
+		tail()
+		close(ids)
+		wg.Wait()
+		s.err = errors.Join(errs...)
+	}()
+	return s
+}
+
+// finish delivers the events of the terminations seen so far and returns
+// how many events were delivered.
+func (s *stateSender) finish() (int, error) {
+	close(s.stop)
+	<-s.done
+	return int(s.sent.Load()), s.err
+}
+
+// burstStateEvent is the EventBridge event of an instance state change.
+func burstStateEvent(id, state string, at time.Time) ([]byte, error) {
+	detail, err := json.Marshal(map[string]string{"instance-id": id, "state": state})
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(events.CloudWatchEvent{
+		Version: "0", ID: fmt.Sprintf("burst-%s-%s", id, state), DetailType: statechange.DetailType, Source: statechange.Source,
+		AccountID: "123456789012", Time: at.UTC().Truncate(time.Second), Region: localstack.Region,
+		Resources: []string{"arn:aws:ec2:" + localstack.Region + ":123456789012:instance/" + id},
+		Detail:    detail,
+	})
+}
+
+// terminalWatch records when each Pod of a namespace is first seen
+// Succeeded or Failed.
+type terminalWatch struct {
+	mu    sync.Mutex
+	at    map[string]time.Time
+	phase map[string]corev1.PodPhase
+	// changed is signalled (without blocking) at each new terminal Pod.
+	changed chan struct{}
+	err     error
+}
+
+// watchTerminal lists the namespace's Pods, then watches them until ctx
+// ends, listing again when the apiserver closes the watch.
+func watchTerminal(ctx context.Context, stack *localstack.Stack, namespace string) (*terminalWatch, error) {
+	w := &terminalWatch{at: map[string]time.Time{}, phase: map[string]corev1.PodPhase{}, changed: make(chan struct{}, 1)}
+	pods := stack.Kube.CoreV1().Pods(namespace)
+	start := func() (watch.Interface, error) {
+		list, err := pods.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, err
+		}
+		for i := range list.Items {
+			w.see(&list.Items[i])
+		}
+		return pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	}
+	wi, err := start()
+	if err != nil {
+		return nil, fmt.Errorf("watch pods of %s: %w", namespace, err)
+	}
+	go func() {
+		for {
+			for ev := range wi.ResultChan() {
+				if pod, ok := ev.Object.(*corev1.Pod); ok {
+					w.see(pod)
+				}
+			}
+			wi.Stop()
+			if ctx.Err() != nil {
+				return
+			}
+			if wi, err = start(); err != nil {
+				w.mu.Lock()
+				w.err = err
+				w.mu.Unlock()
+				return
+			}
+		}
+	}()
+	return w, nil
+}
+
+func (w *terminalWatch) see(pod *corev1.Pod) {
+	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.at[pod.Name]; ok {
+		return
+	}
+	w.at[pod.Name], w.phase[pod.Name] = time.Now(), pod.Status.Phase
+	select {
+	case w.changed <- struct{}{}:
+	default:
+	}
+}
+
+// wait waits until n Pods are terminal, or for at most patience once no
+// new one arrives.
+func (w *terminalWatch) wait(ctx context.Context, n int, patience time.Duration) error {
+	for {
+		w.mu.Lock()
+		got, err := len(w.at), w.err
+		w.mu.Unlock()
+		if got >= n {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("watch pods: %w", err)
+		}
+		t := time.NewTimer(patience)
+		select {
+		case <-w.changed:
+			t.Stop()
+		case <-t.C:
+			return fmt.Errorf("%d of %d Pods terminal", got, n)
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// collect fills in what the counters saw from the given starting points.
+func (b *Burst) collect(ctx context.Context, res *BurstResult, byInstance map[string]int, terminal *terminalWatch,
+	ec2Before, sqsBefore int, kubeBefore map[string]int, stats0 esm.Stats, logsBefore []int, errs *[]error) {
+	stack := b.Lab.Stack
+	terminal.mu.Lock()
+	for i := range res.Pods {
+		p := &res.Pods[i]
+		p.Terminal, p.Phase = terminal.at[p.Name], terminal.phase[p.Name]
+	}
+	terminal.mu.Unlock()
+
+	res.EC2, res.Refused = map[string]int{}, map[string]int{}
+	calls := stack.EC2.Calls()
+	for _, c := range calls[min(ec2Before, len(calls)):] {
+		res.EC2[c.Action]++
+		if c.Refused {
+			res.Refused[c.Action]++
+		}
+		if c.Action != "TerminateInstances" || c.ErrorCode != "" {
+			continue
+		}
+		for _, id := range c.InstanceIDs {
+			if i, ok := byInstance[id]; ok && res.Pods[i].ShuttingDown.IsZero() {
+				res.Pods[i].ShuttingDown = c.Time
+			}
+		}
+	}
+	var terminates map[string]int
+	res.Retried, terminates = b.ec2.operations()
+	for id, n := range terminates {
+		if i, ok := byInstance[id]; ok {
+			res.Pods[i].Terminates = n
+		}
+	}
+
+	queue := queueNameOf(b.Lab.QueueURL)
+	res.SQS = map[string]int{}
+	sqsCalls := stack.SQS.Calls()
+	for _, c := range sqsCalls[min(sqsBefore, len(sqsCalls)):] {
+		if c.Queue == queue {
+			res.SQS[c.Action]++
+		}
+	}
+	if d, ok := stack.SQS.Depth(queueNameOf(b.Lab.DeadLetterURL)); ok {
+		res.DeadLettered = d.Visible + d.InFlight
+	}
+
+	kubeAfter, err := KubeRequests(ctx, stack)
+	*errs = append(*errs, err)
+	res.Kube = map[string]int{}
+	for k, v := range kubeAfter {
+		if d := v - kubeBefore[k]; d > 0 {
+			res.Kube[k] = d
+		}
+	}
+	res.Dynamo = b.dynamo.Counts()
+
+	stats := b.Lab.Mapping.Stats()
+	res.Invocations = stats.Invocations - stats0.Invocations
+	res.FailedInvocations = stats.FailedInvocations - stats0.FailedInvocations
+	res.BatchSizes = slices.Clone(stats.BatchSizes[len(stats0.BatchSizes):])
+	for i, f := range b.Lab.Reconcilers {
+		res.Batches = append(res.Batches, batchCosts(f.Logs()[logsBefore[i]:])...)
+	}
+}
+
+func queueNameOf(url string) string { return url[strings.LastIndex(url, "/")+1:] }
+
+var reportLineRE = regexp.MustCompile(`^REPORT RequestId: \S+\s+(?:Init Duration: [0-9.]+ ms\s+)?Duration: ([0-9.]+) ms`)
+
+// batchCosts reads a reconciler's log: each "batch" line, with the
+// duration of the emulator's REPORT line that follows it.
+func batchCosts(logs string) []BatchCost {
+	var out []BatchCost
+	for line := range strings.SplitSeq(logs, "\n") {
+		if m := reportLineRE.FindStringSubmatch(line); m != nil {
+			if len(out) > 0 && out[len(out)-1].Duration == 0 {
+				ms, _ := strconv.ParseFloat(m[1], 64)
+				out[len(out)-1].Duration = time.Duration(ms * float64(time.Millisecond))
+			}
+			continue
+		}
+		if !strings.Contains(line, `"msg":"batch"`) {
+			continue
+		}
+		var c BatchCost
+		if json.Unmarshal([]byte(line[strings.IndexByte(line, '{'):]), &c.BatchSummary) == nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// KubeRequests reads the apiserver's request counter
+// (apiserver_request_total) summed by "VERB resource[/subresource]"; a
+// request to a path outside the API (/metrics, /healthz) counts as
+// "VERB -".
+func KubeRequests(ctx context.Context, stack *localstack.Stack) (map[string]int, error) {
+	raw, err := stack.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("apiserver metrics: %w", err)
+	}
+	out := map[string]int{}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		rest, ok := strings.CutPrefix(line, "apiserver_request_total{")
+		if !ok {
+			continue
+		}
+		labels, value, ok := strings.Cut(rest, "} ")
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if !ok || err != nil {
+			continue
+		}
+		l := map[string]string{}
+		for _, m := range metricLabelRE.FindAllStringSubmatch(labels, -1) {
+			l[m[1]] = m[2]
+		}
+		key := l["verb"] + " -"
+		if l["resource"] != "" {
+			key = l["verb"] + " " + l["resource"]
+			if l["subresource"] != "" {
+				key += "/" + l["subresource"]
+			}
+		}
+		out[key] += int(v)
+	}
+	return out, nil
+}
+
+var metricLabelRE = regexp.MustCompile(`(\w+)="([^"]*)"`)
+
+// OperationCounter is a reverse proxy in front of an AWS JSON-protocol
+// endpoint (dynalite) that counts the requests by operation, the action of
+// their X-Amz-Target header ("DynamoDB_20120810.UpdateItem" counts as
+// UpdateItem). Point a client's endpoint at URL.
+type OperationCounter struct {
+	srv    *httptest.Server
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+// NewOperationCounter starts a counting proxy for target.
+func NewOperationCounter(target string) (*OperationCounter, error) {
+	u, err := url.Parse(target)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("proxy target %q: not a URL", target)
+	}
+	c := &OperationCounter{counts: map[string]int{}}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	// Enough idle connections for every client at once: the default two
+	// would open and close a connection for most requests.
+	proxy.Transport = &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}
+	c.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		target := r.Header.Get("X-Amz-Target")
+		c.mu.Lock()
+		c.counts[target[strings.LastIndexByte(target, '.')+1:]]++
+		c.mu.Unlock()
+		proxy.ServeHTTP(w, r)
+	}))
+	return c, nil
+}
+
+// URL is the proxy's endpoint.
+func (c *OperationCounter) URL() string { return c.srv.URL }
+
+// Counts returns the requests by operation since the start or Reset.
+func (c *OperationCounter) Counts() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.counts)
+}
+
+// Reset forgets the counts.
+func (c *OperationCounter) Reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.counts)
+}
+
+// Close stops the proxy.
+func (c *OperationCounter) Close() { c.srv.Close() }
+
+// ec2Recorder is a reverse proxy in front of the EC2 test server that notes
+// each request's SDK invocation id (amz-sdk-invocation-id), which the SDK
+// gives an operation and keeps across its retries. The test server's log
+// counts attempts; the recorder tells operations apart: against a server
+// this fast the SDK now and then loses an answer that was sent (see
+// sqsserver.BufferedBodies) and retries an operation that had succeeded.
+type ec2Recorder struct {
+	srv *httptest.Server
+	mu  sync.Mutex
+	ops []ec2Request
+}
+
+// ec2Request is one request as the recorder saw it.
+type ec2Request struct {
+	action, invocation string
+	instances          []string
+	status             int
+}
+
+func newEC2Recorder(target string) *ec2Recorder {
+	u, _ := url.Parse(target)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	proxy.Transport = &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}
+	rec := &ec2Recorder{}
+	rec.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		form, _ := url.ParseQuery(string(body))
+		req := ec2Request{action: form.Get("Action"), invocation: r.Header.Get("Amz-Sdk-Invocation-Id")}
+		for k, v := range form {
+			if strings.HasPrefix(k, "InstanceId.") {
+				req.instances = append(req.instances, v...)
+			}
+		}
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		proxy.ServeHTTP(sw, r)
+		req.status = sw.status
+		rec.mu.Lock()
+		rec.ops = append(rec.ops, req)
+		rec.mu.Unlock()
+	}))
+	return rec
+}
+
+func (r *ec2Recorder) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ops = nil
+}
+
+// operations returns, since the last reset, the requests by action that
+// retried an operation already seen, and per instance the successful
+// TerminateInstances operations that named it.
+func (r *ec2Recorder) operations() (retried, terminates map[string]int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	retried, terminates = map[string]int{}, map[string]int{}
+	seen := map[string]bool{}
+	counted := map[[2]string]bool{}
+	for _, op := range r.ops {
+		if op.invocation != "" && seen[op.invocation] {
+			retried[op.action]++
+		}
+		seen[op.invocation] = true
+		if op.action != "TerminateInstances" || op.status != http.StatusOK {
+			continue
+		}
+		for _, id := range op.instances {
+			if k := [2]string{op.invocation, id}; !counted[k] {
+				counted[k] = true
+				terminates[id]++
+			}
+		}
+	}
+	return retried, terminates
+}
+
+// statusWriter keeps the status code of the response it writes.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
