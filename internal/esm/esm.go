@@ -61,8 +61,8 @@ const (
 	receiveMax = 10 // ReceiveMessage's MaxNumberOfMessages limit
 	idleWait   = 20 // seconds: the longest long poll, as Lambda's pollers use
 	// shortPoll is the pause between short polls while a window that ends
-	// within a second is open (long polls wait whole seconds and would
-	// overshoot it), unless the last poll came back full. (The SDK leaves a zero WaitTimeSeconds out, so on a
+	// within a second is open: long polls wait whole seconds and would
+	// overshoot it. (The SDK leaves a zero WaitTimeSeconds out, so on a
 	// queue with a ReceiveMessageWaitTimeSeconds of its own these polls
 	// wait that long for a message.)
 	shortPoll    = 25 * time.Millisecond
@@ -385,9 +385,6 @@ func (m *Mapping) gather(ctx context.Context, carry []types.Message) (b *batch, 
 	if rest := add(carry); rest != nil {
 		return b, rest, true
 	}
-	// full: the last receive returned all it asked for, so more are likely
-	// waiting and the next one goes out at once.
-	full := false
 	for b.len() < m.cfg.BatchSize {
 		wait := int32(idleWait)
 		if b.len() > 0 {
@@ -396,14 +393,13 @@ func (m *Mapping) gather(ctx context.Context, carry []types.Message) (b *batch, 
 				break
 			}
 			wait = int32(min(remaining/time.Second, idleWait))
-			if wait == 0 && !full && !sleep(ctx, min(shortPoll, remaining)) {
+			if wait == 0 && !sleep(ctx, min(shortPoll, remaining)) {
 				return nil, nil, false
 			}
 		}
-		want := min(receiveMax, m.cfg.BatchSize-b.len())
 		out, err := m.cfg.Client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl:                    &m.cfg.QueueURL,
-			MaxNumberOfMessages:         int32(want),
+			MaxNumberOfMessages:         int32(min(receiveMax, m.cfg.BatchSize-b.len())),
 			WaitTimeSeconds:             wait,
 			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
 			MessageAttributeNames:       []string{"All"},
@@ -418,7 +414,6 @@ func (m *Mapping) gather(ctx context.Context, carry []types.Message) (b *batch, 
 			}
 			continue
 		}
-		full = len(out.Messages) == want
 		m.hold(len(out.Messages))
 		if rest := add(out.Messages); rest != nil {
 			return b, rest, true
