@@ -212,7 +212,7 @@ func (w *world) baseline(ctx context.Context, n int, scale float64) (*baselineRe
 			for id := range next {
 				for {
 					known, err := fleet.Describe(ctx, []string{id})
-					var out map[string]instances.Outcome
+					var out map[string]instances.Termination
 					if err == nil {
 						out, err = fleet.Terminate(ctx, []string{id}, known)
 					}

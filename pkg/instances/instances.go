@@ -180,20 +180,20 @@ func (f *Fleet) instance(i types.Instance) Instance {
 	return out
 }
 
-// Outcome is what Terminate did with one instance. Every outcome means the
+// Termination is what Terminate did with one instance. Every one means the
 // step is done.
-type Outcome string
+type Termination string
 
 const (
 	// Terminating: TerminateInstances accepted it.
-	Terminating Outcome = "terminating"
+	Terminating Termination = "terminating"
 	// AlreadyGone: it was shutting down or terminated, or EC2 does not know it.
-	AlreadyGone Outcome = "already-gone"
+	AlreadyGone Termination = "already-gone"
 	// NotOwned: it lacks the managed tag or belongs to another cluster;
 	// Reaper never terminates it.
-	NotOwned Outcome = "not-owned"
+	NotOwned Termination = "not-owned"
 	// WouldTerminate: dry run.
-	WouldTerminate Outcome = "would-terminate"
+	WouldTerminate Termination = "would-terminate"
 )
 
 // TerminateInstances takes at most this many ids a call.
@@ -202,14 +202,14 @@ const terminateChunk = 1000
 // Terminate ends the owned instances among ids with one tag lookup and
 // at most one TerminateInstances call per 1000 ids. Instances already gone
 // count as done. Known instances can be passed to skip the lookup.
-func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Outcome, error) {
+func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Termination, error) {
 	if known == nil {
 		var err error
 		if known, err = f.Describe(ctx, ids); err != nil {
 			return nil, err
 		}
 	}
-	out := make(map[string]Outcome, len(ids))
+	out := make(map[string]Termination, len(ids))
 	var targets []string
 	for _, id := range ids {
 		i, ok := known[id]

@@ -33,7 +33,7 @@ type Pods interface {
 // Fleet reads and terminates EC2 instances (package instances).
 type Fleet interface {
 	Describe(ctx context.Context, ids []string) (map[string]instances.Instance, error)
-	Terminate(ctx context.Context, ids []string, known map[string]instances.Instance) (map[string]instances.Outcome, error)
+	Terminate(ctx context.Context, ids []string, known map[string]instances.Instance) (map[string]instances.Termination, error)
 	ListOwned(ctx context.Context, fn func(instances.Instance) error) error
 }
 
@@ -61,7 +61,7 @@ type Report struct {
 	// PodResult is set when a Pod write was attempted.
 	PodResult kube.Result
 	// TerminateResult is set when termination was attempted.
-	TerminateResult instances.Outcome
+	TerminateResult instances.Termination
 	// Distrust says why the record, or its exit, was not believed (see
 	// the Distrust constants); Rejected says nothing was done for it.
 	Distrust string

@@ -160,14 +160,14 @@ func (w *world) Describe(_ context.Context, ids []string) (map[string]instances.
 	return out, nil
 }
 
-func (w *world) Terminate(_ context.Context, ids []string, _ map[string]instances.Instance) (map[string]instances.Outcome, error) {
+func (w *world) Terminate(_ context.Context, ids []string, _ map[string]instances.Instance) (map[string]instances.Termination, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.noTokens {
 		return nil, fmt.Errorf("terminate %d instances: %w", len(ids), instances.ErrNoTokens)
 	}
 	w.log = append(w.log, fmt.Sprint("terminate ", ids))
-	out := map[string]instances.Outcome{}
+	out := map[string]instances.Termination{}
 	for _, id := range ids {
 		out[id] = instances.Terminating
 	}
