@@ -355,10 +355,10 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 	res.FirstDelivery = time.Now()
 	deliverErr := b.deliver(ctx, res, payloads, &delivered)
 	res.Delivering = time.Since(res.FirstDelivery)
-	errs := []error{deliverErr, b.drain(ctx)}
+	errs := []error{deliverErr, b.Lab.Drain(ctx)}
 	if states != nil {
 		res.StateEvents, err = states.finish()
-		errs = append(errs, err, b.drain(ctx))
+		errs = append(errs, err, b.Lab.Drain(ctx))
 	}
 	// The watch lags the apiserver's writes a little.
 	errs = append(errs, terminal.wait(ctx, n, 10*time.Second))
@@ -369,19 +369,6 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 	b.collect(ctx, res, byInstance, terminal, ec2Before, sqsBefore, kubeBefore, stats, logsBefore, &errs)
 	bar.Step(n, fmt.Sprintf("exits: %d delivered, instances shutting down", n))
 	return res, errors.Join(errs...)
-}
-
-// drain waits until the work queue is drained, for as long as the
-// reconcilers keep finishing batches: Lab.Drain gives up after a while, and
-// a burst's batch can take longer.
-func (b *Burst) drain(ctx context.Context) error {
-	for {
-		before := b.Lab.Mapping.Stats().Invocations
-		err := b.Lab.Drain(ctx)
-		if err == nil || ctx.Err() != nil || b.Lab.Mapping.Stats().Invocations == before {
-			return err
-		}
-	}
 }
 
 // burstFixtureWorkers bounds concurrent fixture writes to the apiserver.

@@ -134,6 +134,19 @@ func (l *Lab) Replicas30(ctx context.Context, recordings string, progress io.Wri
 	return res, err
 }
 
+// windowEnd is when the exit-wait window of the scenario's instances
+// closes, from the gone states their records hold.
+func (l *Lab) windowEnd(ctx context.Context, sc *Scenario, exitWait time.Duration) (time.Time, error) {
+	recs, err := l.Ledger.GetMany(ctx, slices.Collect(maps.Values(sc.Instances)))
+	var end time.Time
+	for _, rec := range recs {
+		if rec.Gone != nil && rec.Gone.At.Add(exitWait).After(end) {
+			end = rec.Gone.At.Add(exitWait)
+		}
+	}
+	return end, err
+}
+
 // ec2Requests counts the EC2 test server's requests since the first
 // before, by action.
 func (l *Lab) ec2Requests(before int) map[string]int {
@@ -209,6 +222,11 @@ func (l *Lab) Spot10(ctx context.Context, recordings string, exitWait time.Durat
 	bar := NewProgress(progress, "spot10", len(sc.Steps))
 	for i, st := range sc.Steps {
 		if st.Function == "sweeper" {
+			if windowEnd.IsZero() {
+				if windowEnd, err = l.windowEnd(ctx, sc, exitWait); err != nil {
+					return res, err
+				}
+			}
 			bar.Step(i, fmt.Sprintf("waiting %s for the exit-wait window to close", time.Until(windowEnd).Round(time.Second)))
 			time.Sleep(time.Until(windowEnd) + 100*time.Millisecond)
 		}
@@ -218,17 +236,6 @@ func (l *Lab) Spot10(ctx context.Context, recordings string, exitWait time.Durat
 			return res, fmt.Errorf("%s: %w", st.Function, err)
 		}
 		res.Latencies = append(res.Latencies, time.Since(start))
-		if st.Function == "statechange" {
-			recs, err := l.Ledger.GetMany(ctx, slices.Collect(maps.Values(sc.Instances)))
-			if err != nil {
-				return res, err
-			}
-			for _, rec := range recs {
-				if rec.Gone != nil && rec.Gone.At.Add(exitWait).After(windowEnd) {
-					windowEnd = rec.Gone.At.Add(exitWait)
-				}
-			}
-		}
 	}
 	bar.Step(len(sc.Steps), "events replayed")
 	res.EC2Requests = l.ec2Requests(before)

@@ -3,8 +3,6 @@ package replay
 import (
 	"context"
 	"errors"
-	"maps"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,15 +54,9 @@ func playStates(t *testing.T, sc *Scenario) time.Time {
 // from the gone states their records hold.
 func windowEnd(t *testing.T, l *Lab, sc *Scenario) time.Time {
 	t.Helper()
-	recs, err := l.Ledger.GetMany(t.Context(), slices.Collect(maps.Values(sc.Instances)))
+	until, err := l.windowEnd(t.Context(), sc, exitWait)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var until time.Time
-	for _, rec := range recs {
-		if rec.Gone != nil && rec.Gone.At.Add(exitWait).After(until) {
-			until = rec.Gone.At.Add(exitWait)
-		}
 	}
 	if until.IsZero() {
 		t.Fatal("no exit-wait window opened")

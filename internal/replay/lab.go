@@ -251,15 +251,28 @@ func (l *Lab) invokeReconciler(ctx context.Context, payload []byte) ([]byte, err
 }
 
 // Drain waits until the work queue is empty and no batch is running: the
-// effects of every event handed to the functions are then complete.
+// effects of every event handed to the functions are then complete. It
+// gives up once drainTimeout passes with no batch finished, not while the
+// reconcilers keep finishing them (a burst's batches take minutes).
 func (l *Lab) Drain(ctx context.Context) error {
 	if l.Mapping == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
-	defer cancel()
-	return l.Mapping.WaitDrained(ctx)
+	for {
+		before := l.Mapping.Stats().Invocations
+		wait, cancel := context.WithTimeout(ctx, drainTimeout)
+		err := l.Mapping.WaitDrained(wait)
+		cancel()
+		if err == nil || ctx.Err() != nil || l.Mapping.Stats().Invocations == before {
+			return err
+		}
+	}
 }
+
+// drainTimeout bounds a wait for the queue in which no batch finishes:
+// longer than a few visibility timeouts, so a batch item failure's
+// redelivery is waited for.
+const drainTimeout = 2 * time.Minute
 
 // DrainSent waits until every message sent to the work queue up to t has
 // left it: its batch has run and succeeded, or it went to the dead-letter
@@ -289,10 +302,6 @@ func (l *Lab) DrainSent(ctx context.Context, t time.Time) error {
 		}
 	}
 }
-
-// drainTimeout bounds Drain: longer than a few visibility timeouts, so a
-// batch item failure's redelivery is waited for.
-const drainTimeout = 2 * time.Minute
 
 // Stop stops the mapping and the functions (the stack is the caller's).
 func (l *Lab) Stop() {
