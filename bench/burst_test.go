@@ -22,6 +22,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/app"
 	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // burstExits is how many Pods end at once in BenchmarkBurst; burstScale is
@@ -182,7 +183,7 @@ func (w *world) baseline(ctx context.Context, n int, scale float64) (*baselineRe
 	w.passes++
 	seq := w.passes
 	w.mu.Unlock()
-	keys := instances.DefaultTagKeys()
+	keys := model.DefaultTagKeys()
 	res := &baselineResult{ids: make([]string, n)}
 	for i := range n {
 		id := fmt.Sprintf("i-0ba5e%06x%06x", seq, i)
@@ -207,7 +208,7 @@ func (w *world) baseline(ctx context.Context, n int, scale float64) (*baselineRe
 		if err != nil {
 			return nil, err
 		}
-		fleet := instances.NewFleet(ec2.NewFromConfig(awsCfg), keys, localstack.Cluster, false)
+		fleet := instances.NewFleet(ec2.NewFromConfig(awsCfg), keys, localstack.Cluster)
 		wg.Go(func() {
 			for id := range next {
 				for {

@@ -13,7 +13,7 @@ import (
 // UpdateItem", "kube PATCH pods/status", ...), counted where they arrive:
 // the EC2 and SQS test servers' call logs, the counting proxy in front of
 // dynalite, and the apiserver's apiserver_request_total. Counting at the
-// servers leaves the functions wired exactly as app.New wires them; every
+// servers leaves the functions wired exactly as their mains wire them; every
 // attempt counts, retries included.
 type counts map[string]int
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
@@ -35,7 +35,7 @@ const invocationTimeout = time.Minute
 
 // BenchmarkExitRecorder runs 1000 exits through the exitrecorder's handler
 // in-process: the payload decoded as the Lambda runtime does, then
-// functions/exitrecorder/main.go's handler on the Reaper app.New wires.
+// functions/exitrecorder/main.go's handler, wired as its main wires it.
 // Per exit it writes the ledger once and sends one work item.
 func BenchmarkExitRecorder(b *testing.B) {
 	for _, c := range concurrencies {
@@ -43,7 +43,7 @@ func BenchmarkExitRecorder(b *testing.B) {
 			b.StopTimer()
 			w := getWorld(b)
 			ctx := context.Background()
-			recorders, err := w.newReapers(ctx, metrics.FunctionExitRecorder, c)
+			recorders, err := w.newRecorders(ctx, c)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -79,7 +79,7 @@ const reconcilerTimeout = 5 * time.Minute
 
 // BenchmarkReconciler runs the work items of 200 exits through the
 // reconciler's handler in-process, one batch after the other as one
-// execution environment takes them, on the Reaper app.New wires (the
+// execution environment takes them, wired as the mains wire them (the
 // production apiserver client limits included; EC2 pacing lifted, see
 // unpaced). The exits are recorded first, untimed,
 // by the exitrecorder, and their work items taken off the queue. Per exit
@@ -92,11 +92,11 @@ func BenchmarkReconciler(b *testing.B) {
 			b.StopTimer()
 			w := getWorld(b)
 			ctx := context.Background()
-			recorders, err := w.newReapers(ctx, metrics.FunctionExitRecorder, 8)
+			recorders, err := w.newRecorders(ctx, 8)
 			if err != nil {
 				b.Fatal(err)
 			}
-			rec, err := w.newReaper(ctx, metrics.FunctionReconciler)
+			rec, err := w.newReconciler(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -198,7 +198,7 @@ func (w *world) timed(b *testing.B, ctx context.Context, exits int, res *result,
 
 // record hands the pass's payloads to one worker per exitrecorder and
 // returns each exit's duration.
-func record(ctx context.Context, recorders []*reaper.Reaper, p *pass) ([]time.Duration, error) {
+func record(ctx context.Context, recorders []*intake.Intake, p *pass) ([]time.Duration, error) {
 	lat := make([]time.Duration, len(p.payloads))
 	errs := make([]error, len(p.payloads))
 	next := make(chan int)
@@ -226,7 +226,7 @@ func record(ctx context.Context, recorders []*reaper.Reaper, p *pass) ([]time.Du
 // handleExit is one invocation of the exitrecorder: the runtime's JSON
 // decode of the payload, then the handler functions/exitrecorder/main.go
 // starts.
-func handleExit(ctx context.Context, r *reaper.Reaper, payload []byte) error {
+func handleExit(ctx context.Context, r *intake.Intake, payload []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, invocationTimeout)
 	defer cancel()
 	var ev events.CloudwatchLogsEvent

@@ -24,10 +24,11 @@ import (
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/app"
+	"github.com/reaper-k8s/reaper/pkg/app/reaperapp"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
-	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
-	"github.com/reaper-k8s/reaper/pkg/reaper"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // coldStarts is how many measured cold starts each bootstrap gets in
@@ -90,7 +91,7 @@ const initPartStarts = 9
 // BenchmarkInitParts attributes the functions' init: hello-world
 // bootstraps that link part of their dependencies (the SDK clients of each
 // function, the core/v1 REST client) or all of them without calling
-// app.New (bench/testdata/initparts), the exitrecorder with the default
+// the wiring (bench/testdata/initparts), the exitrecorder with the default
 // GC, and the two functions.
 func BenchmarkInitParts(b *testing.B) {
 	b.StopTimer()
@@ -396,7 +397,7 @@ func BenchmarkEmulator(b *testing.B) {
 			if err == nil && fe != nil {
 				err = fe
 			}
-			var sum reaper.ExitSummary
+			var sum intake.ExitSummary
 			if err == nil {
 				err = json.Unmarshal(resp, &sum)
 			}
@@ -473,17 +474,24 @@ func maxHeap(logs string) (heap, goal float64) {
 	return heap, goal
 }
 
-// BenchmarkAppNew is the wiring part of a function's init (app.New:
-// configuration, AWS configuration, and for the reconciler the kubeconfig
-// and the Kubernetes client) in a warm process.
-func BenchmarkAppNew(b *testing.B) {
+// BenchmarkWiring is the wiring part of a function's init (app.Load:
+// configuration, AWS configuration; then app.NewIntake, or for the
+// reconciler reaperapp.New with the kubeconfig and the Kubernetes client)
+// in a warm process.
+func BenchmarkWiring(b *testing.B) {
 	getWorld(b)
 	ctx := context.Background()
 	for _, fn := range []string{metrics.FunctionExitRecorder, metrics.FunctionReconciler} {
 		b.Run(fn, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, _, err := app.New(ctx, fn); err != nil {
+				s, err := app.Load(ctx, fn)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if fn == metrics.FunctionExitRecorder {
+					app.NewIntake(s, app.Clients{})
+				} else if _, err := reaperapp.New(ctx, s, reaperapp.Clients{}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -498,7 +506,7 @@ func BenchmarkAppNew(b *testing.B) {
 func BenchmarkEC2TestServer(b *testing.B) {
 	s := ec2server.New()
 	defer s.Close()
-	keys := instances.DefaultTagKeys()
+	keys := model.DefaultTagKeys()
 	var ids []string
 	for i := range numExits {
 		inst := s.AddInstance(ec2server.Instance{Tags: map[string]string{

@@ -13,6 +13,8 @@ import (
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/app"
+	"github.com/reaper-k8s/reaper/pkg/app/reaperapp"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
@@ -93,7 +95,7 @@ func startWorld() (*world, error) {
 		stack.Stop()
 		return nil, err
 	}
-	// The in-process functions are wired by app.New from the environment,
+	// The in-process functions are wired from the environment as their mains wire them,
 	// so this process gets the environment the bootstraps get under the
 	// emulator, with no shared AWS config files and no other AWS_*
 	// settings (an AWS_CA_BUNDLE, say, would be parsed at every wiring).
@@ -127,11 +129,11 @@ func startWorld() (*world, error) {
 const warmUpExits = 500
 
 func (w *world) warmUp(ctx context.Context) error {
-	recorders, err := w.newReapers(ctx, metrics.FunctionExitRecorder, 8)
+	recorders, err := w.newRecorders(ctx, 8)
 	if err != nil {
 		return err
 	}
-	reconciler, err := w.newReaper(ctx, metrics.FunctionReconciler)
+	reconciler, err := w.newReconciler(ctx)
 	if err != nil {
 		return err
 	}
@@ -158,30 +160,40 @@ func (w *world) warmUp(ctx context.Context) error {
 // emulator (a copy, to append to).
 func (w *world) lambdaEnv() []string { return slices.Clone(w.lab.Env) }
 
-// newReaper builds a function's Reaper with app.New, as its main does, from
-// this process's environment (startWorld). Its log, and the metrics
+// setup reads a function's environment with app.Load, as its main does,
+// from this process's environment (startWorld). Its log, and the metrics
 // written through it, go to /dev/null: under Lambda they go to stdout, and
-// this process's stdout is for the results. app.New takes os.Stdout when
-// it builds the logger, hence the swap, one wiring at a time.
-func (w *world) newReaper(ctx context.Context, function string) (*reaper.Reaper, error) {
+// this process's stdout is for the results. app.Load takes os.Stdout when
+// it builds the logger, hence the swap, one setup at a time.
+func (w *world) setup(ctx context.Context, function string) (app.Setup, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	stdout := os.Stdout
 	os.Stdout = w.devNull
 	defer func() { os.Stdout = stdout }()
-	r, _, err := app.New(ctx, function)
-	return r, err
+	return app.Load(ctx, function)
 }
 
-// newReapers builds n Reapers of a function: one per Lambda execution
-// environment, each with its own clients and connections.
-func (w *world) newReapers(ctx context.Context, function string, n int) ([]*reaper.Reaper, error) {
-	out := make([]*reaper.Reaper, n)
+// newRecorders wires n exitrecorders as functions/exitrecorder/main.go
+// does: one per Lambda execution environment, each with its own clients
+// and connections.
+func (w *world) newRecorders(ctx context.Context, n int) ([]*intake.Intake, error) {
+	out := make([]*intake.Intake, n)
 	for i := range out {
-		var err error
-		if out[i], err = w.newReaper(ctx, function); err != nil {
+		s, err := w.setup(ctx, metrics.FunctionExitRecorder)
+		if err != nil {
 			return nil, err
 		}
+		out[i] = app.NewIntake(s, app.Clients{})
 	}
 	return out, nil
+}
+
+// newReconciler wires a reconciler as functions/reconciler/main.go does.
+func (w *world) newReconciler(ctx context.Context) (*reaper.Reaper, error) {
+	s, err := w.setup(ctx, metrics.FunctionReconciler)
+	if err != nil {
+		return nil, err
+	}
+	return reaperapp.New(ctx, s, reaperapp.Clients{})
 }

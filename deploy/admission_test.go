@@ -29,8 +29,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/kube"
-	"github.com/reaper-k8s/reaper/pkg/ledger"
-	"github.com/reaper-k8s/reaper/pkg/podstatus"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // virtualNode is the name of the virtual node in this repository's tests
@@ -95,12 +94,12 @@ func TestAdmissionPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writer := kube.NewStatusWriter(client, false)
+	writer := kube.NewStatusWriter(client)
 	exit := func(pod *corev1.Pod) (kube.Result, error) {
 		now := time.Now().Truncate(time.Second)
-		return writer.Apply(ctx, ledger.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}, podstatus.Outcome{
+		return writer.Apply(ctx, model.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}, model.Outcome{
 			InstanceID: "i-0123456789abcdef0",
-			Exit: &ledger.Exit{
+			Exit: &model.Exit{
 				Container: "main", ContainerID: containerID, ExitCode: 0,
 				StartedAt: now.Add(-time.Hour), FinishedAt: now, ReceivedAt: now,
 			},

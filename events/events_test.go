@@ -23,8 +23,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
-	"github.com/reaper-k8s/reaper/pkg/ledger"
-	"github.com/reaper-k8s/reaper/pkg/reaper"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
@@ -165,7 +164,7 @@ const (
 // exit line; change adjusts the line.
 func exitClaim(change func(*exitline.Line)) workqueue.Message {
 	l := exitLine(change)
-	pod, exit := reaper.FromLine(l)
+	pod, exit := l.Claim()
 	return workqueue.Exit(l.InstanceID, pod, exit)
 }
 
@@ -350,7 +349,7 @@ func TestQueueEvents(t *testing.T) {
 			if want := queueEvent(msgs...); !reflect.DeepEqual(ev, want) {
 				t.Fatalf("event differs from its definition (run go test ./events -update):\n got %+v\nwant %+v", ev, want)
 			}
-			pods := map[string]ledger.PodRef{
+			pods := map[string]model.PodRef{
 				instanceID:       {Namespace: namespace, Name: podName, UID: podUID},
 				secondInstanceID: {Namespace: namespace, Name: secondPodName, UID: secondPodUID},
 			}

@@ -34,6 +34,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 	"github.com/reaper-k8s/reaper/pkg/statechange"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
@@ -577,7 +578,7 @@ func seedQueue(ctx context.Context, lab *replay.Lab, event []byte, keepTime bool
 	var (
 		subjects  []*subject
 		items     = make([]*workqueue.Item, len(ev.Records))
-		claimed   = map[string]ledger.PodRef{} // by namespace/name, the first claim's
+		claimed   = map[string]model.PodRef{} // by namespace/name, the first claim's
 		claimUIDs = map[string][]string{}
 		restarts  = map[string]bool{}
 	)
@@ -608,7 +609,7 @@ func seedQueue(ctx context.Context, lab *replay.Lab, event []byte, keepTime bool
 			}
 			restarts[key] = restarts[key] || it.Exit.WillRestart
 		case workqueue.KindState:
-			if statechange.Rank(it.State) > statechange.Rank(s.state) {
+			if model.StateRank(it.State) > model.StateRank(s.state) {
 				s.state = it.State
 			}
 		case workqueue.KindOrphan:
@@ -624,7 +625,7 @@ func seedQueue(ctx context.Context, lab *replay.Lab, event []byte, keepTime bool
 	seeded := map[string]*corev1.Pod{}
 	// seedPod creates the Pod once, running, or when absent only makes
 	// sure it does not exist.
-	seedPod := func(ref ledger.PodRef, absent bool) (*corev1.Pod, error) {
+	seedPod := func(ref model.PodRef, absent bool) (*corev1.Pod, error) {
 		key := ref.Namespace + "/" + ref.Name
 		if pod, ok := seeded[key]; ok {
 			return pod, nil
@@ -676,7 +677,7 @@ func seedQueue(ctx context.Context, lab *replay.Lab, event []byte, keepTime bool
 		}
 		if tagged == nil {
 			var err error
-			if tagged, err = seedPod(ledger.PodRef{Namespace: sampleNamespace, Name: samplePod, UID: sampleUID}, s.orphan); err != nil {
+			if tagged, err = seedPod(model.PodRef{Namespace: sampleNamespace, Name: samplePod, UID: sampleUID}, s.orphan); err != nil {
 				return nil, err
 			}
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
@@ -126,7 +127,7 @@ var expectations = map[string]func(*testing.T, *invocation){
 		wantTerminated(t, inv, sampleInstanceID)
 	},
 	"exitrecorder/control.json": func(t *testing.T, inv *invocation) {
-		if sum := decode[reaper.ExitSummary](t, inv); !reflect.DeepEqual(sum, reaper.ExitSummary{}) {
+		if sum := decode[intake.ExitSummary](t, inv); !reflect.DeepEqual(sum, intake.ExitSummary{}) {
 			t.Errorf("response %+v, want nothing done", sum)
 		}
 		if len(inv.Pods)+len(inv.Instances) != 0 {
@@ -240,7 +241,7 @@ func testKeepTime(ctx context.Context, t *testing.T, lab *replay.Lab, root strin
 	if inv.Err != nil {
 		t.Fatalf("function error %s: %s", inv.Err.Type, inv.Err.Message)
 	}
-	if sum := decode[reaper.StateSummary](t, inv); !sum.Queued {
+	if sum := decode[intake.StateSummary](t, inv); !sum.Queued {
 		t.Errorf("response %+v, want the state change queued", sum)
 	}
 	wantPod(t, inv, corev1.PodFailed, 137, "ContainerStatusUnknown", 0)
@@ -383,8 +384,8 @@ func decode[T any](t *testing.T, inv *invocation) T {
 // queued.
 func wantExit(t *testing.T, inv *invocation, lines, recorded, rejected int) {
 	t.Helper()
-	sum := decode[reaper.ExitSummary](t, inv)
-	want := reaper.ExitSummary{InstanceID: sampleInstanceID, Lines: lines, Recorded: recorded, Queued: 1, Rejected: rejected}
+	sum := decode[intake.ExitSummary](t, inv)
+	want := intake.ExitSummary{InstanceID: sampleInstanceID, Lines: lines, Recorded: recorded, Queued: 1, Rejected: rejected}
 	sum.RejectedFor = nil // the reasons are the parser's and the trust check's to test
 	if !reflect.DeepEqual(sum, want) {
 		t.Errorf("response %+v, want %+v", sum, want)
@@ -396,8 +397,8 @@ func wantExit(t *testing.T, inv *invocation, lines, recorded, rejected int) {
 // the window opens now.
 func wantStateChange(t *testing.T, inv *invocation, state string, gone bool) {
 	t.Helper()
-	sum := decode[reaper.StateSummary](t, inv)
-	if sum != (reaper.StateSummary{InstanceID: sampleInstanceID, State: state, Queued: true}) {
+	sum := decode[intake.StateSummary](t, inv)
+	if sum != (intake.StateSummary{InstanceID: sampleInstanceID, State: state, Queued: true}) {
 		t.Errorf("response %+v, want state %s queued, nothing skipped", sum, state)
 	}
 	if len(inv.Instances) != 1 {

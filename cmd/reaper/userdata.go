@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/userdata"
 )
 
@@ -83,11 +84,11 @@ func runUserdata(_ context.Context, args []string) error {
 	fs.IntVar(&opts.MaxRestarts, "max-restarts", 0, "cap on in-place restarts (0: unlimited)")
 	fs.DurationVar(&opts.ShutdownDelay, "shutdown-delay", userdata.DefaultShutdownDelay, "power off this long after the final exit if still running")
 	fs.Var(&runArgs, "docker-run-arg", "extra docker run argument (repeat, e.g. -docker-run-arg=--gpus -docker-run-arg=all)")
-	fs.StringVar(&tagManaged, "tag-key-managed", userdata.DefaultTagManaged, "tag key marking managed instances")
-	fs.StringVar(&tagNamespace, "tag-key-namespace", userdata.DefaultTagNamespace, "tag key for the Pod namespace")
-	fs.StringVar(&tagName, "tag-key-name", userdata.DefaultTagName, "tag key for the Pod name")
-	fs.StringVar(&tagUID, "tag-key-uid", userdata.DefaultTagUID, "tag key for the Pod UID")
-	fs.StringVar(&tagCluster, "tag-key-cluster", userdata.DefaultTagCluster, "tag key for the cluster")
+	fs.StringVar(&tagManaged, "tag-key-managed", model.DefaultTagManaged, "tag key marking managed instances")
+	fs.StringVar(&tagNamespace, "tag-key-namespace", model.DefaultTagPodNamespace, "tag key for the Pod namespace")
+	fs.StringVar(&tagName, "tag-key-name", model.DefaultTagPodName, "tag key for the Pod name")
+	fs.StringVar(&tagUID, "tag-key-uid", model.DefaultTagPodUID, "tag key for the Pod UID")
+	fs.StringVar(&tagCluster, "tag-key-cluster", model.DefaultTagCluster, "tag key for the cluster")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -136,7 +137,7 @@ func runUserdata(_ context.Context, args []string) error {
 		}
 	}
 	opts.DockerRunArgs = runArgs
-	opts.TagKeys = userdata.TagKeys{Managed: tagManaged, Namespace: tagNamespace, Name: tagName, UID: tagUID, Cluster: tagCluster}
+	opts.TagKeys = model.TagKeys{Managed: tagManaged, PodNamespace: tagNamespace, PodName: tagName, PodUID: tagUID, Cluster: tagCluster}
 	if opts.Cluster == "" && (output == "userdata" || output == "tags" || output == "launch") {
 		return fmt.Errorf("-o %s needs -cluster: the name of the Pod's cluster, as in REAPER_CLUSTER of its Reaper deployment", output)
 	}

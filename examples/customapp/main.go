@@ -14,7 +14,7 @@ import (
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/reaper-k8s/reaper/infra/reapercdk"
-	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 func main() {
@@ -40,7 +40,7 @@ func newStack(app awscdk.App, buildDir string) (awscdk.Stack, *reapercdk.Reaper)
 		OrphanGrace:      30 * time.Minute,
 		TerminateStopped: &noTerminateOnStop,
 		DryRun:           true,
-		Tags: instances.TagKeys{
+		Tags: model.TagKeys{
 			Managed:      "gpu-pods.example.com/managed",
 			Cluster:      "gpu-pods.example.com/cluster",
 			PodNamespace: "gpu-pods.example.com/namespace",

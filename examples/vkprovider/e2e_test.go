@@ -27,9 +27,8 @@ import (
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
-	"github.com/reaper-k8s/reaper/pkg/ledger"
-	"github.com/reaper-k8s/reaper/pkg/reaper"
-	"github.com/reaper-k8s/reaper/pkg/userdata"
+	"github.com/reaper-k8s/reaper/pkg/intake"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 const (
@@ -154,7 +153,7 @@ type jobRun struct {
 	// flips describes every status change of a Pod after it was terminal.
 	flips []string
 	// exits are exitrecorder's answers, one per Pod it was sent.
-	exits []reaper.ExitSummary
+	exits []intake.ExitSummary
 }
 
 // runJob creates a Job of one completion bound to the virtual node and
@@ -282,8 +281,8 @@ func watchPods(w watch.Interface) func() (int, []string) {
 // sendExit finds the Pod's instance by its launch tags, as Reaper does, and
 // sends the exit line from its log stream. It returns once the reconciler
 // has done the work the exitrecorder queued.
-func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) (reaper.ExitSummary, error) {
-	var sum reaper.ExitSummary
+func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) (intake.ExitSummary, error) {
+	var sum intake.ExitSummary
 	id, err := instanceOf(ctx, pod)
 	if err != nil {
 		return sum, err
@@ -301,9 +300,9 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 	}
 	finished := time.Now().UTC().Truncate(time.Millisecond)
 	if recorder == ledgerOnly {
-		_, err := lab.Ledger.RecordExit(ctx, id, ledger.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)},
-			ledger.Exit{Container: "main", ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}, true)
-		return reaper.ExitSummary{InstanceID: id, Lines: 1, Recorded: 1}, err
+		_, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)},
+			model.Exit{Container: "main", ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}, true)
+		return intake.ExitSummary{InstanceID: id, Lines: 1, Recorded: 1}, err
 	}
 	payload, err := exitEvent(id, pod, exit, finished)
 	if err != nil {
@@ -318,7 +317,7 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 // instanceOf finds the Pod's instance by its launch tags.
 func instanceOf(ctx context.Context, pod *corev1.Pod) (string, error) {
 	out, err := ec2Client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []ec2types.Filter{
-		{Name: aws.String("tag:" + userdata.DefaultTagUID), Values: []string{string(pod.UID)}},
+		{Name: aws.String("tag:" + model.DefaultTagPodUID), Values: []string{string(pod.UID)}},
 	}})
 	if err != nil {
 		return "", err
@@ -479,8 +478,8 @@ func TestE2EProviderIgnoresOtherUID(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := waitRunning(t, pod)
-	if _, err := lab.Ledger.RecordExit(ctx, id, ledger.PodRef{Namespace: ns, Name: pod.Name, UID: "00000000-0000-4000-8000-000000000000"},
-		ledger.Exit{Container: "main", ExitCode: 1, FinishedAt: time.Now()}, true); err != nil {
+	if _, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: ns, Name: pod.Name, UID: "00000000-0000-4000-8000-000000000000"},
+		model.Exit{Container: "main", ExitCode: 1, FinishedAt: time.Now()}, true); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(10 * syncPeriod)
@@ -507,7 +506,7 @@ func waitRunning(t *testing.T, pod *corev1.Pod) string {
 			continue
 		}
 		out, err := ec2Client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []ec2types.Filter{
-			{Name: aws.String("tag:" + userdata.DefaultTagUID), Values: []string{string(pod.UID)}},
+			{Name: aws.String("tag:" + model.DefaultTagPodUID), Values: []string{string(pod.UID)}},
 		}})
 		if err != nil || len(out.Reservations) != 1 {
 			t.Fatalf("instance of %s: %v, %d found", pod.Name, err, len(out.Reservations))

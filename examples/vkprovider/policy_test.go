@@ -14,6 +14,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/examples/vkprovider"
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
@@ -69,7 +70,7 @@ func TestE2EPodFailurePolicyIgnoresSpotLoss(t *testing.T) {
 	first := waitNewPod(t, ns, selector, nil)
 	id := waitRunning(t, first)
 	lab.Stack.EC2.SetState(id, ec2server.Terminated)
-	var st reaper.StateSummary
+	var st intake.StateSummary
 	if err := lab.Invoke(ctx, "statechange", stateEvent(t, id, ec2server.Terminated), &st); err != nil {
 		t.Fatal(err)
 	}

@@ -47,6 +47,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/userdata"
 )
 
@@ -256,9 +257,9 @@ func (p *provider) instanceOf(ctx context.Context, pod *corev1.Pod) (string, err
 	if ok {
 		return id, nil
 	}
-	keys := userdata.DefaultTagKeys()
+	keys := model.DefaultTagKeys()
 	out, err := p.cfg.EC2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []ec2types.Filter{
-		{Name: aws.String("tag:" + keys.UID), Values: []string{string(pod.UID)}},
+		{Name: aws.String("tag:" + keys.PodUID), Values: []string{string(pod.UID)}},
 		{Name: aws.String("tag:" + keys.Cluster), Values: []string{p.cfg.Cluster}},
 	}})
 	if err != nil {
@@ -447,7 +448,7 @@ func running(pod *corev1.Pod, launched time.Time) *corev1.PodStatus {
 
 // exited is the status of the Pod whose container ended for good with e,
 // as the kubelet reports it.
-func exited(pod *corev1.Pod, e ledger.Exit) *corev1.PodStatus {
+func exited(pod *corev1.Pod, e model.Exit) *corev1.PodStatus {
 	st := pod.Status.DeepCopy()
 	reason := "Completed"
 	st.Phase = corev1.PodSucceeded

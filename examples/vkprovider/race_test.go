@@ -13,7 +13,7 @@ import (
 	"github.com/reaper-k8s/reaper/examples/vkprovider"
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
-	"github.com/reaper-k8s/reaper/pkg/reaper"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 )
 
 // racePods is how many Pods race the provider: enough for the provider's
@@ -117,7 +117,7 @@ func TestE2ENoRaceWithInstanceStateProvider(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var sum reaper.ExitSummary
+			var sum intake.ExitSummary
 			if err := lab.InvokeOnly(ctx, "exitrecorder", payload, &sum); err != nil || sum.Recorded != 1 || sum.Queued != 1 {
 				t.Fatalf("exitrecorder for %s: %+v, %v; want the line recorded and its claim queued", pod.Name, sum, err)
 			}

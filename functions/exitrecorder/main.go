@@ -14,9 +14,9 @@ import (
 )
 
 func main() {
-	r, _, err := app.New(context.Background(), metrics.FunctionExitRecorder)
+	s, err := app.Load(context.Background(), metrics.FunctionExitRecorder)
 	if err != nil {
 		app.Fatal(err)
 	}
-	lambda.Start(r.HandleLogsEvent)
+	lambda.Start(app.NewIntake(s, app.Clients{}).HandleLogsEvent)
 }

@@ -11,11 +11,17 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/reaper-k8s/reaper/pkg/app"
+	"github.com/reaper-k8s/reaper/pkg/app/reaperapp"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 )
 
 func main() {
-	r, _, err := app.New(context.Background(), metrics.FunctionReconciler)
+	ctx := context.Background()
+	s, err := app.Load(ctx, metrics.FunctionReconciler)
+	if err != nil {
+		app.Fatal(err)
+	}
+	r, err := reaperapp.New(ctx, s, reaperapp.Clients{})
 	if err != nil {
 		app.Fatal(err)
 	}

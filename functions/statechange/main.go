@@ -14,9 +14,9 @@ import (
 )
 
 func main() {
-	r, _, err := app.New(context.Background(), metrics.FunctionStateChange)
+	s, err := app.Load(context.Background(), metrics.FunctionStateChange)
 	if err != nil {
 		app.Fatal(err)
 	}
-	lambda.Start(r.HandleEC2Event)
+	lambda.Start(app.NewIntake(s, app.Clients{}).HandleEC2Event)
 }

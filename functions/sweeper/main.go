@@ -10,16 +10,22 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/reaper-k8s/reaper/pkg/app"
+	"github.com/reaper-k8s/reaper/pkg/app/reaperapp"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
 func main() {
-	r, cfg, err := app.New(context.Background(), metrics.FunctionSweeper)
+	ctx := context.Background()
+	s, err := app.Load(ctx, metrics.FunctionSweeper)
+	if err != nil {
+		app.Fatal(err)
+	}
+	r, err := reaperapp.New(ctx, s, reaperapp.Clients{})
 	if err != nil {
 		app.Fatal(err)
 	}
 	lambda.Start(func(ctx context.Context, _ events.CloudWatchEvent) (reaper.SweepSummary, error) {
-		return r.Sweep(ctx, cfg.OrphanGrace)
+		return r.Sweep(ctx, s.Config.OrphanGrace)
 	})
 }

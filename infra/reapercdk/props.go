@@ -15,9 +15,8 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 
 	"github.com/reaper-k8s/reaper/pkg/config"
-	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
-	"github.com/reaper-k8s/reaper/pkg/userdata"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Props configures a Reaper. Every field is optional except the Kubernetes
@@ -83,7 +82,7 @@ type Props struct {
 	// Tags are the instance tag keys the provider writes; empty fields keep
 	// the contract's defaults (reaper.io/managed, reaper.io/cluster, ...).
 	// The managed and cluster keys also guard ec2:TerminateInstances in IAM.
-	Tags instances.TagKeys
+	Tags model.TagKeys
 
 	// MemoryMB is each function's memory (default 256).
 	MemoryMB int
@@ -189,8 +188,8 @@ const (
 )
 
 // DefaultExitLogGroupName is the exit log group of a cluster's deployment,
-// the provider side's default too (userdata.DefaultLogGroup).
-func DefaultExitLogGroupName(cluster string) string { return userdata.DefaultLogGroup(cluster) }
+// the provider side's default too (model.DefaultLogGroup).
+func DefaultExitLogGroupName(cluster string) string { return model.DefaultLogGroup(cluster) }
 
 // DefaultMetricsNamespace is the metrics namespace of a cluster's
 // deployment: one per cluster, so that the graphs and alarms of two
@@ -226,7 +225,7 @@ func (p Props) withDefaults() Props {
 		t := true
 		p.TerminateStopped = &t
 	}
-	keys := instances.DefaultTagKeys()
+	keys := model.DefaultTagKeys()
 	orDefault(&p.Tags.Managed, keys.Managed)
 	orDefault(&p.Tags.Cluster, keys.Cluster)
 	orDefault(&p.Tags.PodNamespace, keys.PodNamespace)

@@ -33,9 +33,9 @@ import (
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
-	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // ExitFilterPattern selects exit lines in the exit-line log group.
@@ -46,7 +46,7 @@ const StateChangeDetailType = "EC2 Instance State-change Notification"
 
 // EndStates are the EC2 states after which an instance no longer runs its
 // Pod: the states statechange always receives.
-var EndStates = []string{instances.Stopping, instances.Stopped, instances.ShuttingDown, instances.Terminated}
+var EndStates = []string{model.StateStopping, model.StateStopped, model.StateShuttingDown, model.StateTerminated}
 
 // function describes one of the four Lambdas: what it needs, from which
 // its permissions, environment and trigger follow. Its name is also the
@@ -253,7 +253,7 @@ func New(scope constructs.Construct, id string, props *Props) *Reaper {
 
 	states := append([]string(nil), EndStates...)
 	if p.IncludeRunning {
-		states = append(states, instances.Running)
+		states = append(states, model.StateRunning)
 	}
 	awsevents.NewRule(r.Construct, jsii.String("StateChanges"), &awsevents.RuleProps{
 		Description: jsii.String("Reaper: EC2 instance state changes to statechange"),
@@ -351,7 +351,7 @@ func (r *Reaper) environment(spec function) map[string]*string {
 		env["REAPER_EC2_SHARE"] = jsii.String(strconv.FormatFloat(p.EC2Share, 'g', -1, 64))
 		env["REAPER_RECONCILER_CONCURRENCY"] = jsii.String(strconv.Itoa(p.ReconcilerMaxConcurrency))
 	}
-	def := instances.DefaultTagKeys()
+	def := model.DefaultTagKeys()
 	for _, t := range []struct{ name, key, def string }{
 		{"REAPER_TAG_MANAGED", p.Tags.Managed, def.Managed},
 		{"REAPER_TAG_CLUSTER", p.Tags.Cluster, def.Cluster},

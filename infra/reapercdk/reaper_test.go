@@ -26,7 +26,7 @@ import (
 	"github.com/reaper-k8s/reaper/infra/iamcheck"
 	"github.com/reaper-k8s/reaper/infra/reapercdk"
 	"github.com/reaper-k8s/reaper/pkg/config"
-	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 var buildDir string
@@ -237,7 +237,7 @@ func TestEnvironmentIsValidConfig(t *testing.T) {
 			t.Fatalf("%s: %v", id, err)
 		}
 		if cfg.ExitWait != config.DefaultExitWait || cfg.OrphanGrace != config.DefaultOrphanGrace || !cfg.TerminateStopped ||
-			cfg.DryRun || cfg.Cluster != "demo" || (kube && cfg.Kube.EKSCluster != "demo") || cfg.Tags != instances.DefaultTagKeys() {
+			cfg.DryRun || cfg.Cluster != "demo" || (kube && cfg.Kube.EKSCluster != "demo") || cfg.Tags != model.DefaultTagKeys() {
 			t.Fatalf("%s: config %+v", id, cfg)
 		}
 	}
@@ -1014,7 +1014,7 @@ func TestValidate(t *testing.T) {
 		"name not a tag":   {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "a$b"}, `ClusterName "a$b" is not a valid tag value`},
 		"name not a group": {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "on prem"}, `"/reaper/on prem/exits" derived from the cluster is not valid`},
 		"bad group":        {reapercdk.Props{EKSCluster: "a", ExitLogGroupName: "/reaper/a:exits"}, `ExitLogGroupName "/reaper/a:exits"`},
-		"same tag keys":    {reapercdk.Props{EKSCluster: "a", Tags: instances.TagKeys{Cluster: "reaper.io/managed"}}, "the five tag keys must differ"},
+		"same tag keys":    {reapercdk.Props{EKSCluster: "a", Tags: model.TagKeys{Cluster: "reaper.io/managed"}}, "the five tag keys must differ"},
 		"system group":     {reapercdk.Props{EKSCluster: "a", EKSAccessEntryGroup: "system:masters"}, "system:"},
 		"sweep seconds":    {reapercdk.Props{EKSCluster: "a", SweepRate: 90 * time.Second}, "SweepRate 1m30s"},
 		"event age":        {reapercdk.Props{EKSCluster: "a", MaxEventAge: 7 * time.Hour}, "MaxEventAge 7h0m0s"},

@@ -6,13 +6,13 @@ import (
 	"slices"
 	"time"
 
-	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Bucket is one EC2 throttling token bucket, as Reaper paces itself
 // against it. Here a Bucket with zero Capacity does not limit anything, so
 // a test can throttle one action and leave the rest alone.
-type Bucket = instances.Bucket
+type Bucket = model.Bucket
 
 // Limits are the token buckets EC2 throttles the server's actions with. Each
 // request, whatever its outcome, takes one token from its action's request
@@ -41,7 +41,7 @@ type Limits struct {
 //     among the actions that, requested with neither pagination nor a filter,
 //     draw on a smaller bucket (50, refill 10/s).
 func PublishedLimits() Limits {
-	b := instances.PublishedBudget()
+	b := model.PublishedBudget()
 	return Limits{
 		Terminate:          b.Terminate,
 		TerminateResource:  b.TerminateInstances,

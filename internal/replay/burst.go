@@ -29,8 +29,9 @@ import (
 	"github.com/reaper-k8s/reaper/internal/esm"
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
-	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 	"github.com/reaper-k8s/reaper/pkg/statechange"
 )
@@ -163,7 +164,7 @@ func NewBurst(ctx context.Context, stack *localstack.Stack, table string, bootst
 // refill rates multiplied by scale, as EnableBuckets scales the test
 // server's.
 func ScaledLimits(scale float64) string {
-	p := instances.PublishedBudget()
+	p := model.PublishedBudget()
 	return fmt.Sprintf("describe=%d/%g,terminate=%d/%g,terminate-instances=%d/%g",
 		p.Describe.Capacity, p.Describe.Refill*scale,
 		p.Terminate.Capacity, p.Terminate.Refill*scale,
@@ -283,7 +284,7 @@ func (r *BurstResult) PodLatencies() []time.Duration {
 // allows for every instance to be shutting down to a client that may spend
 // share of it: (N − share·1000) / (share·20·scale), at least zero.
 func (r *BurstResult) TerminateFloor(share float64) time.Duration {
-	b := instances.PublishedBudget().TerminateInstances
+	b := model.PublishedBudget().TerminateInstances
 	s := (float64(r.Exits) - share*float64(b.Capacity)) / (share * b.Refill * r.Scale)
 	return time.Duration(math.Max(0, s) * float64(time.Second))
 }
@@ -454,7 +455,7 @@ func (b *Burst) deliver(ctx context.Context, res *BurstResult, payloads [][]byte
 		wg.Go(func() {
 			for i := range next {
 				res.Pods[i].Delivered = time.Now()
-				errs[i] = invokeExpect(ctx, f, payloads[i], func(s reaper.ExitSummary) bool { return s.Recorded == 1 && s.Queued == 1 })
+				errs[i] = invokeExpect(ctx, f, payloads[i], func(s intake.ExitSummary) bool { return s.Recorded == 1 && s.Queued == 1 })
 				delivered.Add(1)
 			}
 		})
@@ -542,7 +543,7 @@ func (b *Burst) startStateChanges(ctx context.Context, from int, byInstance map[
 				for _, state := range []string{"shutting-down", "terminated"} {
 					payload, err := burstStateEvent(id, state, time.Now())
 					if err == nil {
-						err = invokeExpect(ctx, f, payload, func(s reaper.StateSummary) bool { return s.Queued })
+						err = invokeExpect(ctx, f, payload, func(s intake.StateSummary) bool { return s.Queued })
 					}
 					if err != nil {
 						errs[k] = errors.Join(errs[k], err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
@@ -41,7 +42,7 @@ func playStates(t *testing.T, sc *Scenario) time.Time {
 	t.Helper()
 	for _, st := range sc.Steps {
 		if st.Function == "statechange" {
-			var sum reaper.StateSummary
+			var sum intake.StateSummary
 			if play(t, st, &sum); !sum.Queued {
 				t.Fatalf("state change not queued: %+v", sum)
 			}

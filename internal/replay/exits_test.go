@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
@@ -25,9 +26,9 @@ func prepare(t *testing.T, name string, policy corev1.RestartPolicy, managed fun
 	return sc
 }
 
-func invokeExit(t *testing.T, payload []byte) reaper.ExitSummary {
+func invokeExit(t *testing.T, payload []byte) intake.ExitSummary {
 	t.Helper()
-	var sum reaper.ExitSummary
+	var sum intake.ExitSummary
 	if err := lab.Invoke(t.Context(), "exitrecorder", payload, &sum); err != nil {
 		t.Fatalf("exitrecorder: %v", err)
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
-	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // VirtualNode is the node name the test Pods are bound to; no kubelet
@@ -101,7 +101,7 @@ func (l *Lab) AddTaggedInstance(id string, tags map[string]string) {
 // InstanceTags are the launch tags a provider writes for the Pod's
 // instance in cluster (managed=false leaves the managed tag off).
 func InstanceTags(pod *corev1.Pod, managed bool, cluster string) map[string]string {
-	keys := instances.DefaultTagKeys()
+	keys := model.DefaultTagKeys()
 	tags := map[string]string{
 		keys.Cluster:      cluster,
 		keys.PodNamespace: pod.Namespace,

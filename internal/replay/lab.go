@@ -27,6 +27,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/statechange"
 )
 
@@ -331,7 +332,7 @@ func (l *Lab) Play(ctx context.Context, st LiveStep, out any) error {
 		if err != nil {
 			return err
 		}
-		if i, ok := l.Stack.EC2.Instance(m.InstanceID); ok && statechange.Rank(m.State) > statechange.Rank(string(i.State)) {
+		if i, ok := l.Stack.EC2.Instance(m.InstanceID); ok && model.StateRank(m.State) > model.StateRank(string(i.State)) {
 			l.Stack.EC2.SetState(m.InstanceID, ec2server.State(m.State))
 		}
 	}

@@ -28,10 +28,13 @@ import (
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/app"
+	"github.com/reaper-k8s/reaper/pkg/app/reaperapp"
+	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
-	"github.com/reaper-k8s/reaper/pkg/instances"
-	"github.com/reaper-k8s/reaper/pkg/kube"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 	"github.com/reaper-k8s/reaper/pkg/statechange"
 )
@@ -117,6 +120,7 @@ type propHarness struct {
 	sc     propScenario
 	ns     string
 	ec2    *ec2server.Server
+	intake *intake.Intake
 	core   *reaper.Reaper
 	queue  *memQueue
 	clock  atomic.Int64 // unix nanos
@@ -137,7 +141,7 @@ func newPropHarness(t *testing.T, sc propScenario) *propHarness {
 		t.Fatal(err)
 	}
 	h.writes = watchWrites(t, kc, h.ns)
-	h.core = newPropCore(t, propCore{table: "prop-" + sc.name, ec2: h.ec2, cluster: localstack.Cluster, clock: &h.clock, queue: h.queue})
+	h.intake, h.core = newPropCore(t, propCore{table: "prop-" + sc.name, ec2: h.ec2, cluster: localstack.Cluster, clock: &h.clock, queue: h.queue})
 	return h
 }
 
@@ -147,19 +151,33 @@ type propCore struct {
 	ec2     *ec2server.Server
 	cluster string
 	clock   *atomic.Int64 // unix nanos
-	queue   reaper.Queue
+	queue   intake.Queue
+	// dryRun wires the core of a dry run (REAPER_DRY_RUN).
+	dryRun bool
 	// ec2Wrap and kubeWrap, when set, see every request the core sends.
 	ec2Wrap, kubeWrap func(http.RoundTripper) http.RoundTripper
 }
 
-// newPropCore wires Reaper's core as the handlers wire it, against the
-// real apiserver and dynalite, with its own ledger table, and the given
-// EC2 test server, cluster and clock.
-func newPropCore(t *testing.T, c propCore) *reaper.Reaper {
+// newPropCore wires Reaper's intake and core as the functions wire them
+// (app.NewIntake, reaperapp.New), against the real apiserver and dynalite,
+// with its own ledger table, and the given EC2 test server, cluster, queue
+// and clock.
+func newPropCore(t *testing.T, c propCore) (*intake.Intake, *reaper.Reaper) {
 	ctx := t.Context()
-	cfg := lab.Stack.AWSConfig(ctx)
-	cfg.Retryer = app.Retryer // as the functions have it
-	db := dynamodb.NewFromConfig(cfg)
+	setup := app.Setup{
+		Function: metrics.FunctionReconciler,
+		Config: config.Config{
+			Table: c.table, Cluster: c.cluster, Tags: model.DefaultTagKeys(), DryRun: c.dryRun,
+			ExitWait: propWindow, TerminateStopped: true,
+			// The scenarios' EC2 test servers have no buckets to pace to.
+			EC2Budget: model.Budget{Describe: unpaced, Terminate: unpaced, TerminateInstances: unpaced}, EC2Share: 1, ReconcilerConcurrency: 1,
+		},
+		AWS: lab.Stack.AWSConfig(ctx),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Now: func() time.Time { return time.Unix(0, c.clock.Load()) },
+	}
+	setup.AWS.Retryer = app.Retryer // as the functions have it
+	db := dynamodb.NewFromConfig(setup.AWS)
 	if err := ledger.CreateTable(ctx, db, c.table); err != nil {
 		t.Fatal(err)
 	}
@@ -167,26 +185,22 @@ func newPropCore(t *testing.T, c propCore) *reaper.Reaper {
 	if c.kubeWrap != nil {
 		rc.Wrap(c.kubeWrap)
 	}
-	core, err := kube.NewClient(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ec2Client := ec2.NewFromConfig(cfg, func(o *ec2.Options) {
+	ec2Client := ec2.NewFromConfig(setup.AWS, func(o *ec2.Options) {
 		o.BaseEndpoint = new(c.ec2.URL())
 		if c.ec2Wrap != nil {
 			o.HTTPClient = &http.Client{Transport: c.ec2Wrap(http.DefaultTransport.(*http.Transport).Clone())}
 		}
 	})
-	return &reaper.Reaper{
-		Ledger: ledger.New(db, c.table),
-		Pods:   kube.NewStatusWriter(core, false),
-		Fleet:  instances.NewFleet(ec2Client, instances.DefaultTagKeys(), c.cluster, false),
-		Policy: reaper.Policy{ExitWait: propWindow, TerminateStopped: true},
-		Queue:  c.queue,
-		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Now:    func() time.Time { return time.Unix(0, c.clock.Load()) },
+	clients := app.Clients{DynamoDB: db, Queue: c.queue}
+	core, err := reaperapp.New(ctx, setup, reaperapp.Clients{Clients: clients, EC2: ec2Client, Kube: rc})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return app.NewIntake(setup, clients), core
 }
+
+// unpaced is a bucket no scenario empties.
+var unpaced = model.Bucket{Capacity: 1 << 30, Refill: 1 << 30}
 
 // subject is one instance of a run and its Pod.
 type subject struct {
@@ -286,15 +300,15 @@ func (h *propHarness) run(t *testing.T, n int, rng *rand.Rand) string {
 func (h *propHarness) play(t *testing.T, e propEvent, id string, pod *corev1.Pod, start time.Time) {
 	ctx := t.Context()
 	if e.exit != nil {
-		if _, err := h.core.HandleExits(ctx, exitBatch(t, *e.exit, id, pod, start.Add(e.at), h.core.Now())); err != nil {
+		if _, err := h.intake.HandleExits(ctx, exitBatch(t, *e.exit, id, pod, start.Add(e.at), h.core.Now())); err != nil {
 			t.Fatalf("exit: %v", err)
 		}
 		return
 	}
-	if i, ok := h.ec2.Instance(id); ok && statechange.Rank(e.state) > statechange.Rank(string(i.State)) && statechange.Rank(e.state) <= statechange.Rank(string(h.sc.world)) {
+	if i, ok := h.ec2.Instance(id); ok && model.StateRank(e.state) > model.StateRank(string(i.State)) && model.StateRank(e.state) <= model.StateRank(string(h.sc.world)) {
 		h.ec2.SetState(id, ec2server.State(e.state))
 	}
-	if _, err := h.core.HandleStateChange(ctx, statechange.Message{InstanceID: id, State: e.state, Time: start.Add(e.at)}); err != nil {
+	if _, err := h.intake.HandleStateChange(ctx, statechange.Message{InstanceID: id, State: e.state, Time: start.Add(e.at)}); err != nil {
 		t.Fatalf("state change: %v", err)
 	}
 }

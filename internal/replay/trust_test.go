@@ -11,6 +11,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
@@ -73,7 +74,7 @@ func TestOtherClusterUntouched(t *testing.T) {
 
 	wantRejected(t, sc.Payloads("exitrecorder")[0], map[string]int{reaper.DistrustOtherCluster: 1})
 	lab.Stack.EC2.SetState(spotted, ec2server.Terminated)
-	var state reaper.StateSummary
+	var state intake.StateSummary
 	if err := lab.Invoke(t.Context(), "statechange", sc.Payloads("statechange")[0], &state); err != nil {
 		t.Fatal(err)
 	}

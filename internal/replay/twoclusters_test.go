@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 	"github.com/reaper-k8s/reaper/pkg/statechange"
 )
@@ -29,6 +30,7 @@ import (
 type side struct {
 	cluster string
 	ns      string
+	intake  *intake.Intake
 	core    *reaper.Reaper
 	queue   *memQueue
 	writes  *writeCounter
@@ -77,7 +79,7 @@ func TestTwoClusters(t *testing.T) {
 		}
 		s.writes = watchWrites(t, lab.Stack.Kube, s.ns)
 		s.queue = &memQueue{}
-		s.core = newPropCore(t, propCore{table: "two-" + s.cluster, ec2: shared, cluster: s.cluster, clock: &clock,
+		s.intake, s.core = newPropCore(t, propCore{table: "two-" + s.cluster, ec2: shared, cluster: s.cluster, clock: &clock,
 			queue: s.queue, ec2Wrap: s.recordEC2, kubeWrap: s.recordKube})
 	}
 	run := func(n int, rng *rand.Rand) string {
@@ -182,7 +184,7 @@ func runTwoClusters(t *testing.T, shared *ec2server.Server, clock *atomic.Int64,
 		}
 	}
 	for _, d := range schedule {
-		core := sides[d.to].core
+		in, core := sides[d.to].intake, sides[d.to].core
 		switch d.event {
 		case sweep:
 			_, _ = core.Sweep(ctx, time.Minute) // errors are retried by the final sweeps
@@ -194,12 +196,12 @@ func runTwoClusters(t *testing.T, shared *ec2server.Server, clock *atomic.Int64,
 		lp := pods[d.pod]
 		e := lp.events[d.event]
 		if e.exit != nil {
-			if _, err := core.HandleExits(ctx, exitBatch(t, *e.exit, lp.id, lp.pod, start.Add(e.at), core.Now())); err != nil {
+			if _, err := in.HandleExits(ctx, exitBatch(t, *e.exit, lp.id, lp.pod, start.Add(e.at), core.Now())); err != nil {
 				t.Fatalf("exit: %v", err)
 			}
 			continue
 		}
-		if _, err := core.HandleStateChange(ctx, statechange.Message{InstanceID: lp.id, State: e.state, Time: start.Add(e.at)}); err != nil {
+		if _, err := in.HandleStateChange(ctx, statechange.Message{InstanceID: lp.id, State: e.state, Time: start.Add(e.at)}); err != nil {
 			t.Fatalf("state change: %v", err)
 		}
 	}

@@ -1,6 +1,16 @@
-// Package app wires a Reaper from the environment: configuration, AWS
-// clients, the Kubernetes client and the logger. Each Lambda's main calls it
-// once at init.
+// Package app sets a function up in two steps: Load reads its environment
+// once at init (configuration, AWS SDK configuration, logger), and a wiring
+// step builds what the function runs from that setup. NewIntake wires the
+// exitrecorder and statechange functions; package app/reaperapp wires the
+// sweeper and the reconciler. The two are apart so that the intake's
+// functions link neither client-go nor the EC2 client, whose package
+// initialisation they would pay for at every cold start.
+//
+// In a dry run (REAPER_DRY_RUN) the wiring puts a read-only decorator
+// around each outside system: the ledger, the Pods and the fleet read and
+// decide by the same rules as the real ones and write nothing. The work
+// queue stays real: it is Reaper's own, and the dry reconciler needs the
+// work to decide on.
 package app
 
 import (
@@ -14,15 +24,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/reaper-k8s/reaper/pkg/config"
-	"github.com/reaper-k8s/reaper/pkg/instances"
-	"github.com/reaper-k8s/reaper/pkg/kube"
+	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
-	"github.com/reaper-k8s/reaper/pkg/reaper"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
@@ -65,52 +72,76 @@ var needs = map[string]config.Needs{
 	metrics.FunctionReconciler:   {Ledger: true, Kube: true},
 }
 
-// New builds the Reaper of the named function from the environment, with
-// the clients that function uses and no others.
-func New(ctx context.Context, function string) (*reaper.Reaper, config.Config, error) {
+// Setup is what a function's environment says, read once at init.
+type Setup struct {
+	// Function is the function's name (metrics.Function*).
+	Function string
+	Config   config.Config
+	AWS      aws.Config
+	// Log carries dryRun=true on every line of a dry run.
+	Log *slog.Logger
+	Now func() time.Time
+}
+
+// Load reads the named function's environment: its configuration (with
+// the settings that function cannot run without), the AWS SDK
+// configuration and the logger.
+func Load(ctx context.Context, function string) (Setup, error) {
+	s := Setup{Function: function, Now: time.Now}
 	need, ok := needs[function]
 	if !ok {
-		return nil, config.Config{}, fmt.Errorf("unknown function %q", function)
+		return s, fmt.Errorf("unknown function %q", function)
 	}
-	cfg, err := config.Read(os.Getenv, need)
-	if err != nil {
-		return nil, cfg, err
+	var err error
+	if s.Config, err = config.Read(os.Getenv, need); err != nil {
+		return s, err
 	}
-	awsCfg, err := AWSConfig(ctx)
-	if err != nil {
-		return nil, cfg, fmt.Errorf("aws configuration: %w", err)
+	if s.AWS, err = AWSConfig(ctx); err != nil {
+		return s, fmt.Errorf("aws configuration: %w", err)
 	}
-	log := Logger(cfg.LogLevel)
-	r := &reaper.Reaper{
-		Queue:   workqueue.New(sqs.NewFromConfig(awsCfg), cfg.QueueURL),
-		Policy:  reaper.Policy{ExitWait: cfg.ExitWait, TerminateStopped: cfg.TerminateStopped},
-		DryRun:  cfg.DryRun,
-		Log:     log,
-		Metrics: metrics.New(log, cfg.MetricsNamespace, function),
-		Now:     time.Now,
+	s.Log = Logger(s.Config.LogLevel)
+	if s.Config.DryRun {
+		s.Log = s.Log.With(slog.Bool("dryRun", true))
 	}
-	if need.Ledger {
-		r.Ledger = ledger.New(dynamodb.NewFromConfig(awsCfg), cfg.Table)
+	return s, nil
+}
+
+// Metrics is the recorder of the setup's function.
+func (s Setup) Metrics() *metrics.Recorder {
+	return metrics.New(s.Log, s.Config.MetricsNamespace, s.Function)
+}
+
+// Clients are the clients of the outside systems a function is wired to.
+// The wiring builds each one left nil from the setup: the functions leave
+// them all nil, and a test sets those it points elsewhere or wraps.
+type Clients struct {
+	DynamoDB *dynamodb.Client
+	Queue    intake.Queue
+}
+
+// WithDefaults is c with each client left nil built from the setup.
+func (c Clients) WithDefaults(s Setup) Clients {
+	if c.DynamoDB == nil {
+		c.DynamoDB = dynamodb.NewFromConfig(s.AWS)
 	}
-	if need.Kube {
-		rest, err := kube.RESTConfig(ctx, cfg.Kube, awsCfg)
-		if err != nil {
-			return nil, cfg, err
+	if c.Queue == nil {
+		c.Queue = workqueue.New(sqs.NewFromConfig(s.AWS), s.Config.QueueURL)
+	}
+	return c
+}
+
+// NewIntake wires the exitrecorder's and statechange's handlers.
+func NewIntake(s Setup, c Clients) *intake.Intake {
+	c = c.WithDefaults(s)
+	in := &intake.Intake{Queue: c.Queue, Log: s.Log, Metrics: s.Metrics(), Now: s.Now}
+	if needs[s.Function].Ledger {
+		table := ledger.New(c.DynamoDB, s.Config.Table)
+		in.Ledger = table
+		if s.Config.DryRun {
+			in.Ledger = ledger.ReadOnly{Table: table}
 		}
-		kc, err := kube.NewClient(rest)
-		if err != nil {
-			return nil, cfg, fmt.Errorf("kubernetes client: %w", err)
-		}
-		r.Pods = kube.NewStatusWriter(kc, cfg.DryRun)
-		fleet := instances.NewFleet(ec2.NewFromConfig(awsCfg), cfg.Tags, cfg.Cluster, cfg.DryRun)
-		if function == metrics.FunctionReconciler {
-			// The reconciler makes the calls that grow with the number of
-			// exits: it paces them below its share of the account's buckets.
-			fleet.Pace(cfg.ReconcilerBudget(), func(d time.Duration) { r.Metrics.Observe(metrics.EC2PacingWait, d) })
-		}
-		r.Fleet = fleet
 	}
-	return r, cfg, nil
+	return in
 }
 
 // Fatal reports an init failure as one clear line and exits; Lambda then

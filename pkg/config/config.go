@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Config is every knob, with its environment variable in the comment.
@@ -34,7 +34,7 @@ type Config struct {
 	TerminateStopped bool
 	// Tags are the instance tag keys (REAPER_TAG_MANAGED, REAPER_TAG_CLUSTER,
 	// REAPER_TAG_POD_NAMESPACE, REAPER_TAG_POD_NAME, REAPER_TAG_POD_UID).
-	Tags instances.TagKeys
+	Tags model.TagKeys
 	// Kube says how to reach the Kubernetes API: exactly one of
 	// REAPER_EKS_CLUSTER, REAPER_KUBECONFIG_SECRET or KUBECONFIG.
 	Kube KubeAccess
@@ -48,7 +48,7 @@ type Config struct {
 	// EC2Budget is the account's EC2 token buckets (REAPER_EC2_LIMITS,
 	// "describe=100/20,terminate=100/5,terminate-instances=1000/20" to
 	// override the published defaults for an account with raised limits).
-	EC2Budget instances.Budget
+	EC2Budget model.Budget
 	// EC2Share is the part of each bucket the reconciler may spend
 	// (REAPER_EC2_SHARE, default 0.5, in (0, 1]).
 	EC2Share float64
@@ -59,7 +59,7 @@ type Config struct {
 }
 
 // ReconcilerBudget is what one reconciler may spend of EC2's buckets.
-func (c Config) ReconcilerBudget() instances.Budget {
+func (c Config) ReconcilerBudget() model.Budget {
 	return c.EC2Budget.Share(c.EC2Share / float64(c.ReconcilerConcurrency))
 }
 
@@ -105,10 +105,10 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		ExitWait:              DefaultExitWait,
 		OrphanGrace:           DefaultOrphanGrace,
 		TerminateStopped:      true,
-		Tags:                  instances.DefaultTagKeys(),
+		Tags:                  model.DefaultTagKeys(),
 		MetricsNamespace:      metrics.DefaultNamespace,
 		QueueURL:              getenv("REAPER_QUEUE_URL"),
-		EC2Budget:             instances.PublishedBudget(),
+		EC2Budget:             model.PublishedBudget(),
 		EC2Share:              DefaultEC2Share,
 		ReconcilerConcurrency: DefaultReconcilerConcurrency,
 		Kube: KubeAccess{
@@ -128,7 +128,7 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		errs = append(errs, errors.New("REAPER_QUEUE_URL is not set (the work queue)"))
 	}
 	errs = append(errs,
-		parse(getenv, "REAPER_EC2_LIMITS", &c.EC2Budget, instances.ParseBudget),
+		parse(getenv, "REAPER_EC2_LIMITS", &c.EC2Budget, model.ParseBudget),
 		parse(getenv, "REAPER_EC2_SHARE", &c.EC2Share, share),
 		parse(getenv, "REAPER_RECONCILER_CONCURRENCY", &c.ReconcilerConcurrency, positiveInt),
 		parse(getenv, "REAPER_DRY_RUN", &c.DryRun, strconv.ParseBool),

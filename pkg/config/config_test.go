@@ -3,9 +3,10 @@ package config
 import (
 	"strings"
 
-	"github.com/reaper-k8s/reaper/pkg/instances"
 	"testing"
 	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 func env(kv ...string) func(string) string {
@@ -38,7 +39,7 @@ func TestOverrides(t *testing.T) {
 	}
 	if !c.DryRun || c.ExitWait != 90*time.Second || c.OrphanGrace != time.Hour || c.TerminateStopped ||
 		c.Tags.Managed != "example.com/reap" || c.Tags.Cluster != "example.com/cluster" || c.MetricsNamespace != "Reaper/prod" || c.Kube.EKSCluster != "prod" || c.LogLevel.String() != "DEBUG" ||
-		c.ReconcilerBudget() != (instances.Budget{Describe: instances.Bucket{Capacity: 20, Refill: 4}, Terminate: instances.Bucket{Capacity: 20, Refill: 1}, TerminateInstances: instances.Bucket{Capacity: 1000, Refill: 20}}) {
+		c.ReconcilerBudget() != (model.Budget{Describe: model.Bucket{Capacity: 20, Refill: 4}, Terminate: model.Bucket{Capacity: 20, Refill: 1}, TerminateInstances: model.Bucket{Capacity: 1000, Refill: 20}}) {
 		t.Fatalf("overrides %+v", c)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Kind and Version identify exit line v1; the subscription filter selects
@@ -78,6 +79,27 @@ const (
 	// clock may run a little ahead, not hours.
 	MaxClockSkew = 5 * time.Minute
 )
+
+// Claim is what the line says, in Reaper's terms: the Pod it names and
+// the exit it reports. It is a claim until the reconciler has checked it
+// against the instance's launch tags.
+func (l Line) Claim() (model.PodRef, model.Exit) {
+	return model.PodRef{Namespace: l.PodNamespace, Name: l.PodName, UID: l.PodUID},
+		model.Exit{
+			Container:        l.Container,
+			ContainerID:      l.ContainerID,
+			ExitCode:         l.ExitCode,
+			OOMKilled:        l.OOMKilled,
+			Signal:           l.Signal,
+			Error:            l.Error,
+			StartedAt:        l.StartedAt,
+			FinishedAt:       l.FinishedAt,
+			RestartCount:     l.RestartCount,
+			RuntimeRestarted: l.RuntimeRestarted,
+			WillRestart:      l.WillRestart,
+			BackoffSeconds:   l.BackoffSeconds,
+		}
+}
 
 // ValidInstanceID reports whether id has the shape of an EC2 instance id.
 func ValidInstanceID(id string) bool { return instanceIDPattern.MatchString(id) }

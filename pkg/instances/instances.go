@@ -16,53 +16,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
 
-	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
-
-// EC2 instance state names.
-const (
-	Pending      = "pending"
-	Running      = "running"
-	ShuttingDown = "shutting-down"
-	Terminated   = "terminated"
-	Stopping     = "stopping"
-	Stopped      = "stopped"
-)
-
-// Gone reports whether a state means the instance no longer runs its Pod.
-func Gone(state string) bool {
-	switch state {
-	case ShuttingDown, Terminated, Stopping, Stopped:
-		return true
-	}
-	return false
-}
-
-// Ending reports whether the instance is already on its way out, so a
-// terminate request would change nothing.
-func Ending(state string) bool { return state == ShuttingDown || state == Terminated }
-
-// TagKeys are the tag keys a provider writes at launch.
-type TagKeys struct {
-	Managed string
-	// Cluster names the cluster whose Pod the instance runs: an instance is
-	// a deployment's only when this tag equals its REAPER_CLUSTER.
-	Cluster      string
-	PodNamespace string
-	PodName      string
-	PodUID       string
-}
-
-// DefaultTagKeys are the keys of the instance-tag contract.
-func DefaultTagKeys() TagKeys {
-	return TagKeys{
-		Managed:      "reaper.io/managed",
-		Cluster:      "reaper.io/cluster",
-		PodNamespace: "reaper.io/pod-namespace",
-		PodName:      "reaper.io/pod-name",
-		PodUID:       "reaper.io/pod-uid",
-	}
-}
 
 // Instance is what Reaper needs to know of an EC2 instance: its state and
 // what its launch tags say.
@@ -75,23 +30,21 @@ type Instance struct {
 	Cluster string
 	// Owned: managed, and the cluster tag names this deployment's cluster.
 	Owned      bool
-	Pod        ledger.PodRef
+	Pod        model.PodRef
 	LaunchTime time.Time
 }
 
 // Fleet reads and terminates one deployment's instances through the EC2 API.
 type Fleet struct {
 	client  *ec2.Client
-	keys    TagKeys
+	keys    model.TagKeys
 	cluster string
-	dryRun  bool
 	pacer   *pacer
 }
 
-// NewFleet returns the Fleet of the instances tagged for cluster. With
-// dryRun, Terminate decides and reports but sends no TerminateInstances.
-func NewFleet(client *ec2.Client, keys TagKeys, cluster string, dryRun bool) *Fleet {
-	return &Fleet{client: client, keys: keys, cluster: cluster, dryRun: dryRun}
+// NewFleet returns the Fleet of the instances tagged for cluster.
+func NewFleet(client *ec2.Client, keys model.TagKeys, cluster string) *Fleet {
+	return &Fleet{client: client, keys: keys, cluster: cluster}
 }
 
 // Pace makes the Fleet spend at most budget's tokens: each call waits for
@@ -99,7 +52,7 @@ func NewFleet(client *ec2.Client, keys TagKeys, cluster string, dryRun bool) *Fl
 // deadline is not made (ErrNoTokens). waited, when not nil, is told each
 // wait. Without Pace a Fleet calls at once and leaves throttling to the
 // SDK's retries.
-func (f *Fleet) Pace(budget Budget, waited func(time.Duration)) *Fleet {
+func (f *Fleet) Pace(budget model.Budget, waited func(time.Duration)) *Fleet {
 	f.pacer = newPacer(budget, waited)
 	return f
 }
@@ -192,7 +145,7 @@ const (
 	// NotOwned: it lacks the managed tag or belongs to another cluster;
 	// Reaper never terminates it.
 	NotOwned Termination = "not-owned"
-	// WouldTerminate: dry run.
+	// WouldTerminate: a dry run (ReadOnly) decided to terminate it.
 	WouldTerminate Termination = "would-terminate"
 )
 
@@ -203,26 +156,9 @@ const terminateChunk = 1000
 // at most one TerminateInstances call per 1000 ids. Instances already gone
 // count as done. Known instances can be passed to skip the lookup.
 func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Termination, error) {
-	if known == nil {
-		var err error
-		if known, err = f.Describe(ctx, ids); err != nil {
-			return nil, err
-		}
-	}
-	out := make(map[string]Termination, len(ids))
-	var targets []string
-	for _, id := range ids {
-		i, ok := known[id]
-		switch {
-		case !ok || Ending(i.State):
-			out[id] = AlreadyGone
-		case !i.Owned:
-			out[id] = NotOwned
-		case f.dryRun:
-			out[id] = WouldTerminate
-		default:
-			targets = append(targets, id)
-		}
+	out, targets, err := f.triage(ctx, ids, known)
+	if err != nil {
+		return nil, err
 	}
 	for chunk := range slices.Chunk(targets, terminateChunk) {
 		if err := f.pacer.terminateCall(ctx, len(chunk)); err != nil {
@@ -258,6 +194,45 @@ func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]In
 		}
 	}
 	return out, nil
+}
+
+// triage answers for the ids that need no TerminateInstances (gone, or not
+// this deployment's) and returns the others as targets.
+func (f *Fleet) triage(ctx context.Context, ids []string, known map[string]Instance) (out map[string]Termination, targets []string, err error) {
+	if known == nil {
+		if known, err = f.Describe(ctx, ids); err != nil {
+			return nil, nil, err
+		}
+	}
+	out = make(map[string]Termination, len(ids))
+	for _, id := range ids {
+		i, ok := known[id]
+		switch {
+		case !ok || model.IsEnding(i.State):
+			out[id] = AlreadyGone
+		case !i.Owned:
+			out[id] = NotOwned
+		default:
+			targets = append(targets, id)
+		}
+	}
+	return out, targets, nil
+}
+
+// ReadOnly is the fleet of a dry run: it describes as Fleet does, decides
+// each termination as Fleet.Terminate does, and answers WouldTerminate where
+// Terminate would send TerminateInstances.
+type ReadOnly struct {
+	*Fleet
+}
+
+// Terminate decides and terminates nothing.
+func (f ReadOnly) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Termination, error) {
+	out, targets, err := f.triage(ctx, ids, known)
+	for _, id := range targets {
+		out[id] = WouldTerminate
+	}
+	return out, err
 }
 
 func isNotFound(err error) bool {

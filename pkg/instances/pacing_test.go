@@ -15,6 +15,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/sqsserver"
 	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 const cluster = "prod"
@@ -34,19 +35,19 @@ func newFleet(t *testing.T, scale float64, n int) (*instances.Fleet, *ec2server.
 		HTTPClient:   &http.Client{Transport: sqsserver.BufferedBodies{}},
 		Retryer:      retry.NewStandard(func(o *retry.StandardOptions) { o.MaxAttempts = 1 }),
 	})
-	keys := instances.DefaultTagKeys()
+	keys := model.DefaultTagKeys()
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = srv.AddInstance(ec2server.Instance{Tags: map[string]string{keys.Managed: "true", keys.Cluster: cluster}}).ID
 	}
-	return instances.NewFleet(client, keys, cluster, false), srv, ids
+	return instances.NewFleet(client, keys, cluster), srv, ids
 }
 
 // scaled is the published budget with refills scale times faster, as the
 // test server's buckets are.
-func scaled(scale float64) instances.Budget {
-	b := instances.PublishedBudget()
-	for _, k := range []*instances.Bucket{&b.Describe, &b.Terminate, &b.TerminateInstances} {
+func scaled(scale float64) model.Budget {
+	b := model.PublishedBudget()
+	for _, k := range []*model.Bucket{&b.Describe, &b.Terminate, &b.TerminateInstances} {
 		k.Refill *= scale
 	}
 	return b
@@ -109,7 +110,7 @@ func TestUnpacedCallsAreRefused(t *testing.T) {
 // is not made and ErrNoTokens says why, so the work can be deferred.
 func TestNoTokensBeforeDeadline(t *testing.T) {
 	fleet, srv, ids := newFleet(t, 1, 1200)
-	fleet.Pace(instances.PublishedBudget().Share(0.5), nil)
+	fleet.Pace(model.PublishedBudget().Share(0.5), nil)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	out, err := fleet.Terminate(ctx, ids, nil)
@@ -122,17 +123,17 @@ func TestNoTokensBeforeDeadline(t *testing.T) {
 }
 
 func TestParseBudget(t *testing.T) {
-	b, err := instances.ParseBudget("terminate-instances=5000/100, describe=200/40")
+	b, err := model.ParseBudget("terminate-instances=5000/100, describe=200/40")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := instances.PublishedBudget()
-	want.TerminateInstances, want.Describe = instances.Bucket{Capacity: 5000, Refill: 100}, instances.Bucket{Capacity: 200, Refill: 40}
+	want := model.PublishedBudget()
+	want.TerminateInstances, want.Describe = model.Bucket{Capacity: 5000, Refill: 100}, model.Bucket{Capacity: 200, Refill: 40}
 	if b != want {
 		t.Fatalf("%+v, want %+v", b, want)
 	}
 	for _, bad := range []string{"terminate=0/5", "stop=1/1", "describe=10", "describe=10/-1"} {
-		if _, err := instances.ParseBudget(bad); err == nil {
+		if _, err := model.ParseBudget(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}

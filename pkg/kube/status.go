@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
-	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/podstatus"
 )
 
@@ -40,7 +40,7 @@ const (
 	PodGone Result = "pod-gone"
 	// PodReplaced: a Pod of that name exists with another UID.
 	PodReplaced Result = "pod-replaced"
-	// DryRun: the write was decided and logged, not made.
+	// DryRun: the write was decided, not made (ReadOnly).
 	DryRun Result = "dry-run"
 )
 
@@ -54,19 +54,17 @@ const maxConflicts = 5
 // StatusWriter applies outcomes to Pods.
 type StatusWriter struct {
 	client rest.Interface
-	dryRun bool
 	now    func() time.Time
 }
 
-// NewStatusWriter returns a writer over a core/v1 client (NewClient). With
-// dryRun it reads and decides but changes nothing.
-func NewStatusWriter(client rest.Interface, dryRun bool) *StatusWriter {
-	return &StatusWriter{client: client, dryRun: dryRun, now: time.Now}
+// NewStatusWriter returns a writer over a core/v1 client (NewClient).
+func NewStatusWriter(client rest.Interface) *StatusWriter {
+	return &StatusWriter{client: client, now: time.Now}
 }
 
 // Snapshot is one read of the Pod a PodRef names.
 type Snapshot struct {
-	Ref ledger.PodRef
+	Ref model.PodRef
 	// Result is Current when the Pod exists with the ref's UID and has not
 	// ended; otherwise AlreadyTerminal, PodGone or PodReplaced.
 	Result Result
@@ -75,7 +73,7 @@ type Snapshot struct {
 
 // Read reads the Pod ref names. A caller that reads ahead, while it does
 // other work, hands the snapshot to Apply, which then saves its own read.
-func (w *StatusWriter) Read(ctx context.Context, ref ledger.PodRef) (Snapshot, error) {
+func (w *StatusWriter) Read(ctx context.Context, ref model.PodRef) (Snapshot, error) {
 	snap := Snapshot{Ref: ref}
 	var pod corev1.Pod
 	err := w.client.Get().Namespace(ref.Namespace).Resource("pods").Name(ref.Name).Do(ctx).Into(&pod)
@@ -100,29 +98,48 @@ func (w *StatusWriter) Read(ctx context.Context, ref ledger.PodRef) (Snapshot, e
 // conflict and is read again. The patch also carries the Pod's UID, so a
 // replacement Pod of the same name is never written. An Event on the Pod
 // says what Reaper did.
-func (w *StatusWriter) Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome) (Result, error) {
+func (w *StatusWriter) Apply(ctx context.Context, ref model.PodRef, o model.Outcome) (Result, error) {
 	for range maxConflicts {
-		snap, err := w.Read(ctx, ref)
-		if err != nil {
-			return "", err
+		snap, status, res, err := w.decide(ctx, ref, o)
+		if res != "" || err != nil {
+			return res, err
 		}
-		if snap.Result != Current {
-			return snap.Result, nil
-		}
-		status, ok := podstatus.Build(snap.pod, o, w.now())
-		if !ok {
-			return Current, nil
-		}
-		if w.dryRun {
-			return DryRun, nil
-		}
-		res, err := w.write(ctx, snap.pod, o, status)
+		res, err = w.write(ctx, snap.pod, o, status)
 		if res == conflict {
 			continue
 		}
 		return res, err
 	}
 	return "", fmt.Errorf("patch pod %s status: still conflicting after %d attempts", ref, maxConflicts)
+}
+
+// decide reads the Pod and returns the status it must be patched to, or
+// (res set) why it needs no write.
+func (w *StatusWriter) decide(ctx context.Context, ref model.PodRef, o model.Outcome) (Snapshot, corev1.PodStatus, Result, error) {
+	snap, err := w.Read(ctx, ref)
+	if err != nil || snap.Result != Current {
+		return snap, corev1.PodStatus{}, snap.Result, err
+	}
+	status, ok := podstatus.Build(snap.pod, o, w.now())
+	if !ok {
+		return snap, status, Current, nil
+	}
+	return snap, status, "", nil
+}
+
+// ReadOnly is the Pod writer of a dry run: it reads the Pod and decides as
+// StatusWriter.Apply does, and answers DryRun where Apply would write.
+type ReadOnly struct {
+	*StatusWriter
+}
+
+// Apply decides the write and makes none.
+func (w ReadOnly) Apply(ctx context.Context, ref model.PodRef, o model.Outcome) (Result, error) {
+	_, _, res, err := w.decide(ctx, ref, o)
+	if res == "" && err == nil {
+		res = DryRun
+	}
+	return res, err
 }
 
 // conflict is write's answer when the Pod changed since it was read.
@@ -134,7 +151,7 @@ const conflict Result = "conflict"
 // conflicting or failed attempt finds the same Event (AlreadyExists) rather
 // than making a second one. Posting it after the patch would add a round
 // trip to every exit.
-func (w *StatusWriter) write(ctx context.Context, pod *corev1.Pod, o podstatus.Outcome, status corev1.PodStatus) (Result, error) {
+func (w *StatusWriter) write(ctx context.Context, pod *corev1.Pod, o model.Outcome, status corev1.PodStatus) (Result, error) {
 	patch, err := statusPatch(pod, status)
 	if err != nil {
 		return "", err
@@ -185,7 +202,7 @@ func isUIDMismatch(err error) bool {
 
 // event posts what Reaper did. Its name is derived from the Pod and the
 // outcome, so a retried step posts it once.
-func (w *StatusWriter) event(ctx context.Context, pod *corev1.Pod, o podstatus.Outcome, phase corev1.PodPhase) error {
+func (w *StatusWriter) event(ctx context.Context, pod *corev1.Pod, o model.Outcome, phase corev1.PodPhase) error {
 	reason, msg, kind := podstatus.Event(o, phase)
 	sum := sha256.Sum256([]byte(string(pod.UID) + "/" + o.Key()))
 	now := metav1.NewTime(w.now())

@@ -19,6 +19,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Table schema, shared with the CDK construct.
@@ -37,64 +39,25 @@ const (
 // Retention is how long an item outlives its last write (DynamoDB TTL).
 const Retention = 30 * 24 * time.Hour
 
-// PodRef names the Pod an instance runs. The UID tells a Pod from a later
-// one with the same name.
-type PodRef struct {
-	Namespace string `dynamodbav:"namespace" json:"namespace,omitempty"`
-	Name      string `dynamodbav:"name" json:"name,omitempty"`
-	UID       string `dynamodbav:"uid" json:"uid,omitempty"`
-}
-
-func (p PodRef) String() string { return p.Namespace + "/" + p.Name }
-
-// Exit is a container exit as the host wrapper reported it.
-type Exit struct {
-	Container        string    `dynamodbav:"container" json:"container,omitempty"`
-	ContainerID      string    `dynamodbav:"containerId,omitempty" json:"containerId,omitempty"`
-	ExitCode         int       `dynamodbav:"exitCode" json:"exitCode"`
-	OOMKilled        bool      `dynamodbav:"oomKilled" json:"oomKilled"`
-	Signal           string    `dynamodbav:"signal,omitempty" json:"signal,omitempty"`
-	Error            string    `dynamodbav:"error,omitempty" json:"error,omitempty"`
-	StartedAt        time.Time `dynamodbav:"startedAt" json:"startedAt,omitempty"`
-	FinishedAt       time.Time `dynamodbav:"finishedAt" json:"finishedAt,omitempty"`
-	RestartCount     int32     `dynamodbav:"restartCount" json:"restartCount"`
-	RuntimeRestarted bool      `dynamodbav:"runtimeRestarted,omitempty" json:"runtimeRestarted,omitempty"`
-	WillRestart      bool      `dynamodbav:"willRestart,omitempty" json:"willRestart,omitempty"`
-	BackoffSeconds   int       `dynamodbav:"backoffSeconds,omitempty" json:"backoffSeconds,omitempty"`
-	// ReceivedAt is when Reaper recorded the line.
-	ReceivedAt time.Time `dynamodbav:"receivedAt" json:"receivedAt,omitempty"`
-}
-
-// Terminal reports whether this exit ends the Pod: the host supervisor is
-// not going to restart the container.
-func (e Exit) Terminal() bool { return !e.WillRestart }
-
-// Gone is how an instance went away when it did so without (or before) an
-// exit line: the EC2 state it reached and when.
-type Gone struct {
-	State string    `dynamodbav:"state" json:"state,omitempty"`
-	At    time.Time `dynamodbav:"at" json:"at,omitempty"`
-}
-
 // Record is the ledger item of one instance.
 type Record struct {
-	InstanceID string `dynamodbav:"instanceId" json:"instanceId,omitempty"`
-	Pod        PodRef `dynamodbav:"pod" json:"pod,omitempty"`
+	InstanceID string       `dynamodbav:"instanceId" json:"instanceId,omitempty"`
+	Pod        model.PodRef `dynamodbav:"pod" json:"pod,omitempty"`
 	// Exit is the latest exit recorded (highest restart count).
-	Exit *Exit `dynamodbav:"exit,omitempty" json:"exit,omitempty"`
+	Exit *model.Exit `dynamodbav:"exit,omitempty" json:"exit,omitempty"`
 	// ExitRestartCount mirrors Exit.RestartCount at the top level, where
 	// condition expressions can compare it.
 	ExitRestartCount *int32 `dynamodbav:"exitRestartCount,omitempty" json:"exitRestartCount,omitempty"`
 	// Gone is the newest state seen in which the instance no longer runs its
 	// Pod (stopping, stopped, shutting-down, terminated). It stays set.
-	Gone *Gone `dynamodbav:"gone,omitempty" json:"gone,omitempty"`
+	Gone *model.Gone `dynamodbav:"gone,omitempty" json:"gone,omitempty"`
 	// LastState and LastStateAt are the newest EC2 state seen, for latency
 	// figures and so older events never overwrite newer ones.
 	LastState     string    `dynamodbav:"lastState,omitempty" json:"lastState,omitempty"`
 	LastStateAt   time.Time `dynamodbav:"lastStateAt,omitempty" json:"lastStateAt,omitempty"`
 	LastStateRank int       `dynamodbav:"lastStateRank,omitempty" json:"lastStateRank,omitempty"`
 	// PodSynced is the outcome the Pod's status already carries (see
-	// Outcome keys in package reaper); empty until the first status write.
+	// model.Outcome.Key); empty until the first status write.
 	PodSynced string `dynamodbav:"podSynced,omitempty" json:"podSynced,omitempty"`
 	// Terminated is when Reaper's terminate request for the instance
 	// succeeded (or found it already gone).
@@ -156,7 +119,7 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 // verified exit replaces an unverified one whatever its restart count, so a
 // forged line recorded while EC2 could not be asked never shadows the real
 // exit; an unverified exit replaces a verified one only for the same Pod.
-func (t *Table) RecordExit(ctx context.Context, instanceID string, pod PodRef, exit Exit, verified bool) (Record, error) {
+func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit, verified bool) (Record, error) {
 	now := t.now().UTC()
 	exit.ReceivedAt = now
 	exitAV, err := attributevalue.Marshal(exit)
@@ -212,7 +175,7 @@ type StateChange struct {
 // RecordState notes the state an instance reached. A gone state also sets
 // Gone. An event older than the newest one recorded changes nothing and the
 // record is returned as it is, so events applied in any order end the same.
-func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, sc StateChange) (Record, error) {
+func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.PodRef, sc StateChange) (Record, error) {
 	now := t.now().UTC()
 	set := "SET lastState = :state, lastStateAt = :at, lastStateRank = :rank, updatedAt = :now, expiresAt = :exp"
 	add := " ADD #version :one"
@@ -224,7 +187,7 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, 
 		":exp":   expiry(now),
 		":one":   one,
 	}
-	if pod != (PodRef{}) {
+	if pod != (model.PodRef{}) {
 		podAV, err := attributevalue.Marshal(pod)
 		if err != nil {
 			return Record{}, err
@@ -233,7 +196,7 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod PodRef, 
 		values[":pod"] = podAV
 	}
 	if sc.Gone {
-		goneAV, err := attributevalue.Marshal(Gone{State: sc.State, At: sc.At.UTC()})
+		goneAV, err := attributevalue.Marshal(model.Gone{State: sc.State, At: sc.At.UTC()})
 		if err != nil {
 			return Record{}, err
 		}
@@ -261,7 +224,7 @@ type Done struct {
 	Terminated bool
 	// Pod, when set, names the instance's Pod if the record has none yet
 	// (an orphan terminated by the sweep has no record before).
-	Pod PodRef
+	Pod model.PodRef
 	// Settled says nothing is left to do for the record as it was read at
 	// Version: it leaves the pending index, unless a write in between
 	// (a higher version) added work.
@@ -282,7 +245,7 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	if d.Terminated {
 		set += ", #terminated = if_not_exists(#terminated, :now)"
 	}
-	if d.Pod != (PodRef{}) {
+	if d.Pod != (model.PodRef{}) {
 		podAV, err := attributevalue.Marshal(d.Pod)
 		if err != nil {
 			return err

@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Reasons Reaper writes, matching the kubelet's where one exists.
@@ -32,28 +32,6 @@ const (
 	messageUnknown = "The container could not be located when the pod was terminated"
 )
 
-// Outcome is what Reaper learned about a Pod's run: a container exit, or the
-// instance gone with no exit line (Lost).
-type Outcome struct {
-	InstanceID string
-	Exit       *ledger.Exit
-	Lost       *ledger.Gone
-	// LostAfter is the exit-wait window that expired, for the message.
-	LostAfter time.Duration
-}
-
-// Key identifies an outcome in the ledger's PodSynced field, so a step that
-// already wrote it is not repeated.
-func (o Outcome) Key() string {
-	if o.Exit != nil {
-		return fmt.Sprintf("exit/%d", o.Exit.RestartCount)
-	}
-	return "lost"
-}
-
-// Terminal reports whether the outcome ends the Pod.
-func (o Outcome) Terminal() bool { return o.Exit == nil || o.Exit.Terminal() }
-
 // Terminal reports whether a Pod phase is final. The apiserver does not stop
 // a status write from flipping it, so Reaper must.
 func Terminal(p corev1.PodPhase) bool { return p == corev1.PodSucceeded || p == corev1.PodFailed }
@@ -62,7 +40,7 @@ func Terminal(p corev1.PodPhase) bool { return p == corev1.PodSucceeded || p == 
 // no write: it is terminal already, or it already shows a later restart.
 // The returned container statuses are complete entries for every container
 // in the spec, because a strategic-merge patch replaces that list whole.
-func Build(pod *corev1.Pod, o Outcome, now time.Time) (status corev1.PodStatus, ok bool) {
+func Build(pod *corev1.Pod, o model.Outcome, now time.Time) (status corev1.PodStatus, ok bool) {
 	if Terminal(pod.Status.Phase) {
 		return corev1.PodStatus{}, false
 	}
@@ -118,7 +96,7 @@ func Build(pod *corev1.Pod, o Outcome, now time.Time) (status corev1.PodStatus, 
 }
 
 // exited applies a reported exit to a container's status.
-func exited(cs corev1.ContainerStatus, e ledger.Exit) corev1.ContainerStatus {
+func exited(cs corev1.ContainerStatus, e model.Exit) corev1.ContainerStatus {
 	term := &corev1.ContainerStateTerminated{
 		ExitCode:    int32(e.ExitCode),
 		Signal:      signalNumber(e.Signal),
@@ -172,7 +150,7 @@ func lost(cs corev1.ContainerStatus, now time.Time) corev1.ContainerStatus {
 	return cs
 }
 
-func exitReason(e ledger.Exit) string {
+func exitReason(e model.Exit) string {
 	switch {
 	case e.OOMKilled:
 		return ReasonOOMKilled
@@ -185,10 +163,10 @@ func exitReason(e ledger.Exit) string {
 
 // disruption names what happened to the instance for the DisruptionTarget
 // condition.
-func disruption(o Outcome) (reason, message string) {
+func disruption(o model.Outcome) (reason, message string) {
 	state := o.Lost.State
 	switch state {
-	case "stopping", "stopped":
+	case model.StateStopping, model.StateStopped:
 		reason = "InstanceStopped"
 	default:
 		reason = "InstanceTerminated"
@@ -245,7 +223,7 @@ const (
 
 // Event is the Event Reaper posts on a Pod it writes the outcome to, now
 // in phase: its reason, its message and its type (Normal or Warning).
-func Event(o Outcome, phase corev1.PodPhase) (reason, msg, kind string) {
+func Event(o model.Outcome, phase corev1.PodPhase) (reason, msg, kind string) {
 	if o.Exit == nil {
 		return EventInstanceLost, fmt.Sprintf("Instance %s went %s with no container exit reported; container status unknown",
 			o.InstanceID, o.Lost.State), corev1.EventTypeWarning

@@ -7,7 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 var (
@@ -27,12 +27,12 @@ func runningPod(containers ...string) *corev1.Pod {
 	return p
 }
 
-func exit(code int, mutate ...func(*ledger.Exit)) Outcome {
-	e := &ledger.Exit{Container: "main", ContainerID: "abc", ExitCode: code, StartedAt: t0, FinishedAt: now}
+func exit(code int, mutate ...func(*model.Exit)) model.Outcome {
+	e := &model.Exit{Container: "main", ContainerID: "abc", ExitCode: code, StartedAt: t0, FinishedAt: now}
 	for _, m := range mutate {
 		m(e)
 	}
-	return Outcome{InstanceID: "i-0123456789abcdef0", Exit: e}
+	return model.Outcome{InstanceID: "i-0123456789abcdef0", Exit: e}
 }
 
 // TestTruthTable walks the rows of the status truth table in the design notes.
@@ -40,7 +40,7 @@ func TestTruthTable(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		pod          *corev1.Pod
-		outcome      Outcome
+		outcome      model.Outcome
 		phase        corev1.PodPhase
 		code         int32
 		reason       string
@@ -51,14 +51,14 @@ func TestTruthTable(t *testing.T) {
 	}{
 		{name: "exit 0", pod: runningPod("main"), outcome: exit(0), phase: corev1.PodSucceeded, reason: ReasonCompleted},
 		{name: "exit 1", pod: runningPod("main"), outcome: exit(1), phase: corev1.PodFailed, code: 1, reason: ReasonError},
-		{name: "oom", pod: runningPod("main"), outcome: exit(137, func(e *ledger.Exit) { e.OOMKilled = true }), phase: corev1.PodFailed, code: 137, reason: ReasonOOMKilled},
-		{name: "oom reported as 0", pod: runningPod("main"), outcome: exit(0, func(e *ledger.Exit) { e.OOMKilled = true }), phase: corev1.PodFailed, code: 137, reason: ReasonOOMKilled},
-		{name: "restarting", pod: runningPod("main"), outcome: exit(1, func(e *ledger.Exit) { e.WillRestart, e.RestartCount, e.BackoffSeconds = true, 2, 40 }),
+		{name: "oom", pod: runningPod("main"), outcome: exit(137, func(e *model.Exit) { e.OOMKilled = true }), phase: corev1.PodFailed, code: 137, reason: ReasonOOMKilled},
+		{name: "oom reported as 0", pod: runningPod("main"), outcome: exit(0, func(e *model.Exit) { e.OOMKilled = true }), phase: corev1.PodFailed, code: 137, reason: ReasonOOMKilled},
+		{name: "restarting", pod: runningPod("main"), outcome: exit(1, func(e *model.Exit) { e.WillRestart, e.RestartCount, e.BackoffSeconds = true, 2, 40 }),
 			phase: corev1.PodRunning, code: 1, reason: ReasonError, restarts: 3, lastTerm: true, waiting: ReasonCrashLoopBackOff},
-		{name: "restart cap reached", pod: runningPod("main"), outcome: exit(1, func(e *ledger.Exit) { e.RestartCount = 5 }), phase: corev1.PodFailed, code: 1, reason: ReasonError, restarts: 5},
-		{name: "lost", pod: runningPod("main"), outcome: Outcome{InstanceID: "i-0123456789abcdef0", Lost: &ledger.Gone{State: "terminated", At: t0}, LostAfter: 3 * time.Minute},
+		{name: "restart cap reached", pod: runningPod("main"), outcome: exit(1, func(e *model.Exit) { e.RestartCount = 5 }), phase: corev1.PodFailed, code: 1, reason: ReasonError, restarts: 5},
+		{name: "lost", pod: runningPod("main"), outcome: model.Outcome{InstanceID: "i-0123456789abcdef0", Lost: &model.Gone{State: "terminated", At: t0}, LostAfter: 3 * time.Minute},
 			phase: corev1.PodFailed, code: ExitCodeUnknown, reason: ReasonStatusUnknown, disruptionTo: "InstanceTerminated"},
-		{name: "lost by stop", pod: runningPod("main"), outcome: Outcome{InstanceID: "i-0123456789abcdef0", Lost: &ledger.Gone{State: "stopped", At: t0}, LostAfter: time.Minute},
+		{name: "lost by stop", pod: runningPod("main"), outcome: model.Outcome{InstanceID: "i-0123456789abcdef0", Lost: &model.Gone{State: "stopped", At: t0}, LostAfter: time.Minute},
 			phase: corev1.PodFailed, code: ExitCodeUnknown, reason: ReasonStatusUnknown, disruptionTo: "InstanceStopped"},
 		{name: "pending pod without statuses", pod: &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "img"}}}, Status: corev1.PodStatus{Phase: corev1.PodPending}},
 			outcome: exit(0), phase: corev1.PodSucceeded, reason: ReasonCompleted},
@@ -142,26 +142,26 @@ func TestBuildNeverRewrites(t *testing.T) {
 	}
 	p := runningPod("main")
 	p.Status.ContainerStatuses[0].RestartCount = 4
-	if _, ok := Build(p, exit(1, func(e *ledger.Exit) { e.WillRestart, e.RestartCount = true, 2 }), now); ok {
+	if _, ok := Build(p, exit(1, func(e *model.Exit) { e.WillRestart, e.RestartCount = true, 2 }), now); ok {
 		t.Fatal("an older restart would overwrite a newer one")
 	}
 }
 
 func TestOutcomeKey(t *testing.T) {
-	if k := exit(0, func(e *ledger.Exit) { e.RestartCount = 3 }).Key(); k != "exit/3" {
+	if k := exit(0, func(e *model.Exit) { e.RestartCount = 3 }).Key(); k != "exit/3" {
 		t.Fatal(k)
 	}
-	if k := (Outcome{Lost: &ledger.Gone{}}).Key(); k != "lost" {
+	if k := (model.Outcome{Lost: &model.Gone{}}).Key(); k != "lost" {
 		t.Fatal(k)
 	}
 }
 
 // TestEvents: the Event that goes with each row of the truth table.
 func TestEvents(t *testing.T) {
-	lost := Outcome{InstanceID: "i-0123456789abcdef0", Lost: &ledger.Gone{State: "terminated", At: t0}, LostAfter: 3 * time.Minute}
+	lost := model.Outcome{InstanceID: "i-0123456789abcdef0", Lost: &model.Gone{State: "terminated", At: t0}, LostAfter: 3 * time.Minute}
 	for _, tc := range []struct {
 		name              string
-		o                 Outcome
+		o                 model.Outcome
 		phase             corev1.PodPhase
 		reason, msg, kind string
 	}{
@@ -169,11 +169,11 @@ func TestEvents(t *testing.T) {
 			"container main exited with code 0 on instance i-0123456789abcdef0; pod is Succeeded", corev1.EventTypeNormal},
 		{"exit 1", exit(1), corev1.PodFailed, EventContainerExited,
 			"container main exited with code 1 on instance i-0123456789abcdef0; pod is Failed", corev1.EventTypeWarning},
-		{"OOM", exit(137, func(e *ledger.Exit) { e.OOMKilled = true }), corev1.PodFailed, EventContainerExited,
+		{"OOM", exit(137, func(e *model.Exit) { e.OOMKilled = true }), corev1.PodFailed, EventContainerExited,
 			"container main exited with code 137 (OOMKilled) on instance i-0123456789abcdef0; pod is Failed", corev1.EventTypeWarning},
-		{"runtime restart", exit(0, func(e *ledger.Exit) { e.RuntimeRestarted = true }), corev1.PodSucceeded, EventContainerExited,
+		{"runtime restart", exit(0, func(e *model.Exit) { e.RuntimeRestarted = true }), corev1.PodSucceeded, EventContainerExited,
 			"container main exited with code 0 after a container runtime restart on instance i-0123456789abcdef0; pod is Succeeded", corev1.EventTypeNormal},
-		{"restart", exit(1, func(e *ledger.Exit) { e.WillRestart, e.RestartCount, e.BackoffSeconds = true, 2, 40 }), corev1.PodRunning, EventContainerRestarted,
+		{"restart", exit(1, func(e *model.Exit) { e.WillRestart, e.RestartCount, e.BackoffSeconds = true, 2, 40 }), corev1.PodRunning, EventContainerRestarted,
 			"container main exited with code 1 on instance i-0123456789abcdef0; restart 3 in 40s", corev1.EventTypeWarning},
 		{"lost", lost, corev1.PodFailed, EventInstanceLost,
 			"Instance i-0123456789abcdef0 went terminated with no container exit reported; container status unknown", corev1.EventTypeWarning},

@@ -7,9 +7,8 @@ package reaper
 import (
 	"time"
 
-	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
-	"github.com/reaper-k8s/reaper/pkg/podstatus"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Policy holds the knobs that shape decisions.
@@ -25,7 +24,7 @@ type Policy struct {
 // Plan is what must happen for one instance. The zero Plan does nothing.
 type Plan struct {
 	// Pod is the outcome the Pod must carry, nil when it needs no write.
-	Pod *podstatus.Outcome
+	Pod *model.Outcome
 	// Terminate asks for the instance to be terminated.
 	Terminate bool
 	// WaitUntil is set when the instance is gone without an exit line and
@@ -53,7 +52,7 @@ func Decide(rec ledger.Record, now time.Time, p Policy) Plan {
 	return plan
 }
 
-var lostKey = podstatus.Outcome{}.Key()
+var lostKey = model.Outcome{}.Key()
 
 // outcomeOf is what the Pod must say, if anything is known yet. A terminal
 // exit line, however late, wins over "lost" while the Pod is not yet
@@ -61,13 +60,13 @@ var lostKey = podstatus.Outcome{}.Key()
 // A restart-pending exit holds only while the instance runs: once it is
 // gone and the window has passed with no terminal line, the restart will
 // never happen and the Pod is lost.
-func outcomeOf(rec ledger.Record, now time.Time, p Policy) *podstatus.Outcome {
+func outcomeOf(rec ledger.Record, now time.Time, p Policy) *model.Outcome {
 	lost := rec.Gone != nil && !now.Before(rec.Gone.At.Add(p.ExitWait))
 	switch {
 	case rec.Exit != nil && (rec.Exit.Terminal() || !lost):
-		return &podstatus.Outcome{InstanceID: rec.InstanceID, Exit: rec.Exit}
+		return &model.Outcome{InstanceID: rec.InstanceID, Exit: rec.Exit}
 	case lost:
-		return &podstatus.Outcome{InstanceID: rec.InstanceID, Lost: rec.Gone, LostAfter: p.ExitWait}
+		return &model.Outcome{InstanceID: rec.InstanceID, Lost: rec.Gone, LostAfter: p.ExitWait}
 	}
 	return nil
 }
@@ -80,7 +79,7 @@ func wantTerminated(rec ledger.Record, p Policy) bool {
 		return false
 	}
 	switch rec.Gone.State {
-	case instances.Stopping, instances.Stopped:
+	case model.StateStopping, model.StateStopped:
 		return p.TerminateStopped
 	}
 	// Shutting down or terminated: EC2 is already doing it.

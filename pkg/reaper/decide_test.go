@@ -5,16 +5,17 @@ import (
 	"time"
 
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 func TestDecide(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 6, 0, 0, 0, time.UTC)
 	policy := Policy{ExitWait: 3 * time.Minute, TerminateStopped: true}
 	exitRec := func(willRestart bool) ledger.Record {
-		return ledger.Record{InstanceID: "i-1", Exit: &ledger.Exit{Container: "main", RestartCount: 1, WillRestart: willRestart}}
+		return ledger.Record{InstanceID: "i-1", Exit: &model.Exit{Container: "main", RestartCount: 1, WillRestart: willRestart}}
 	}
 	with := func(r ledger.Record, f func(*ledger.Record)) ledger.Record { f(&r); return r }
-	gone := func(state string) *ledger.Gone { return &ledger.Gone{State: state, At: t0} }
+	gone := func(state string) *model.Gone { return &model.Gone{State: state, At: t0} }
 
 	for _, tc := range []struct {
 		name      string

@@ -11,14 +11,14 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
-	"github.com/reaper-k8s/reaper/pkg/podstatus"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Ledger is the instance ledger (package ledger).
 type Ledger interface {
 	Get(ctx context.Context, instanceID string) (ledger.Record, bool, error)
-	RecordExit(ctx context.Context, instanceID string, pod ledger.PodRef, exit ledger.Exit, verified bool) (ledger.Record, error)
-	RecordState(ctx context.Context, instanceID string, pod ledger.PodRef, sc ledger.StateChange) (ledger.Record, error)
+	RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit, verified bool) (ledger.Record, error)
+	RecordState(ctx context.Context, instanceID string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, error)
 	MarkDone(ctx context.Context, instanceID string, d ledger.Done) error
 	Pending(ctx context.Context, fn func(ledger.Record) error) error
 	GetMany(ctx context.Context, ids []string) (map[string]ledger.Record, error)
@@ -26,8 +26,8 @@ type Ledger interface {
 
 // Pods reads Pods and writes their status (package kube).
 type Pods interface {
-	Read(ctx context.Context, ref ledger.PodRef) (kube.Snapshot, error)
-	Apply(ctx context.Context, ref ledger.PodRef, o podstatus.Outcome) (kube.Result, error)
+	Read(ctx context.Context, ref model.PodRef) (kube.Snapshot, error)
+	Apply(ctx context.Context, ref model.PodRef, o model.Outcome) (kube.Result, error)
 }
 
 // Fleet reads and terminates EC2 instances (package instances).
@@ -45,9 +45,7 @@ type Reaper struct {
 	Policy Policy
 	// Queue takes the work the reconciler does in batches.
 	Queue Queue
-	// DryRun decides and logs but changes nothing, the ledger included.
-	DryRun bool
-	Log    *slog.Logger
+	Log   *slog.Logger
 	// Metrics records what the handlers did (nil records nothing); each
 	// handler flushes it before it returns.
 	Metrics *metrics.Recorder
@@ -142,7 +140,7 @@ func (r *Reaper) ReconcileMany(ctx context.Context, recs []ledger.Record, known 
 	_ = forEach(ctx, live, func(i int) error {
 		rep, w := reps[i], works[i]
 		var markErr error
-		if done, write := r.done(w.view, rep.Plan, rep, w.podErr, w.termErr); write && !r.DryRun {
+		if done, write := r.done(w.view, rep.Plan, rep, w.podErr, w.termErr); write {
 			markErr = r.Ledger.MarkDone(ctx, rep.InstanceID, done)
 		}
 		r.recordSteps(w.view, rep)
@@ -152,7 +150,6 @@ func (r *Reaper) ReconcileMany(ctx context.Context, recs []ledger.Record, known 
 			slog.String("outcome", outcomeKey(rep.Plan.Pod)),
 			slog.String("podResult", string(rep.PodResult)),
 			slog.String("terminateResult", string(rep.TerminateResult)),
-			slog.Bool("dryRun", r.DryRun),
 		)
 		errs[i] = errors.Join(w.podErr, w.termErr, markErr)
 		return nil
@@ -185,7 +182,7 @@ func (r *Reaper) recordSteps(rec ledger.Record, rep Report) {
 }
 
 // outcomeName is an outcome's value of the Outcome dimension.
-func outcomeName(o podstatus.Outcome) string {
+func outcomeName(o model.Outcome) string {
 	switch {
 	case o.Exit == nil:
 		return metrics.OutcomeLost
@@ -202,9 +199,9 @@ func outcomeName(o podstatus.Outcome) string {
 func (r *Reaper) reject(ctx context.Context, rec ledger.Record, inst instances.Instance, reason string) error {
 	r.Log.LogAttrs(ctx, slog.LevelWarn, "record not believed", slog.String("instance", rec.InstanceID),
 		slog.String("reason", reason), slog.String("claimed", rec.Pod.String()), slog.String("tags", inst.Pod.String()),
-		slog.String("cluster", inst.Cluster), slog.Bool("dryRun", r.DryRun))
+		slog.String("cluster", inst.Cluster))
 	r.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, 1)
-	if rec.Pending == "" || r.DryRun {
+	if rec.Pending == "" {
 		return nil
 	}
 	return r.Ledger.MarkDone(ctx, rec.InstanceID, ledger.Done{Settled: true, Version: rec.Version})
@@ -228,7 +225,15 @@ func (r *Reaper) done(rec ledger.Record, plan Plan, rep Report, podErr, termErr 
 	return done, write
 }
 
-func outcomeKey(o *podstatus.Outcome) string {
+// flushMetrics writes what the invocation recorded; a failed write is
+// logged, never the invocation's error.
+func (r *Reaper) flushMetrics(ctx context.Context) {
+	if err := r.Metrics.Flush(ctx); err != nil {
+		r.Log.WarnContext(ctx, "metrics not written", "error", err)
+	}
+}
+
+func outcomeKey(o *model.Outcome) string {
 	if o == nil {
 		return ""
 	}

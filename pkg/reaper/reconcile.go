@@ -16,7 +16,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
-	"github.com/reaper-k8s/reaper/pkg/statechange"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
@@ -91,8 +91,7 @@ func (r *Reaper) HandleQueueEvent(ctx context.Context, ev events.SQSEvent) (even
 		slog.Int("messages", sum.Messages), slog.Int("instances", sum.Instances), slog.Int("invalid", sum.Invalid),
 		slog.Int("lookups", sum.Lookups), slog.Int("skipped", sum.Skipped), slog.Int("rejected", sum.Rejected),
 		slog.Int("reconciled", sum.Reconciled), slog.Int("patched", sum.Patched), slog.Int("terminated", sum.Terminated),
-		slog.Int("orphans", sum.Orphans), slog.Int("deferred", sum.Deferred), slog.Int("failed", sum.Failed),
-		slog.Bool("dryRun", r.DryRun))
+		slog.Int("orphans", sum.Orphans), slog.Int("deferred", sum.Deferred), slog.Int("failed", sum.Failed))
 	return resp, nil
 }
 
@@ -232,8 +231,8 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 			if !described && !haveRecord {
 				continue // not ours as far as anyone knows
 			}
-			sc := ledger.StateChange{State: it.State, At: it.At, Rank: statechange.Rank(it.State), Gone: instances.Gone(it.State)}
-			next, err := r.recordState(ctx, id, rec, inst.Pod, sc)
+			sc := ledger.StateChange{State: it.State, At: it.At, Rank: model.StateRank(it.State), Gone: model.IsGone(it.State)}
+			next, err := r.Ledger.RecordState(ctx, id, inst.Pod, sc)
 			if err != nil {
 				return nil, err
 			}
@@ -246,7 +245,7 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 				}
 				continue
 			}
-			next, err := r.record(ctx, id, *it.Pod, *it.Exit, true)
+			next, err := r.Ledger.RecordExit(ctx, id, *it.Pod, *it.Exit, true)
 			if err != nil {
 				return nil, fmt.Errorf("record exit of %s: %w", id, err)
 			}
@@ -269,32 +268,16 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 // back. If the record holds the claim unverified (the exitrecorder wrote
 // it), the record is settled untouched: nothing acts on it, and no sweep
 // comes back to it.
-func (r *Reaper) rejectClaim(ctx context.Context, id string, pod ledger.PodRef, rec ledger.Record, inst instances.Instance, described bool) error {
+func (r *Reaper) rejectClaim(ctx context.Context, id string, pod model.PodRef, rec ledger.Record, inst instances.Instance, described bool) error {
 	reason := distrust(inst, described, pod)
 	r.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, 1)
 	r.Log.LogAttrs(ctx, slog.LevelWarn, "exit line not believed", slog.String("instance", id),
 		slog.String("reason", reason), slog.String("claimed", pod.String()), slog.String("claimedUID", pod.UID),
 		slog.String("tags", inst.Pod.String()), slog.String("cluster", inst.Cluster))
-	if !rec.Unverified || rec.Pod != pod || rec.Pending == "" || r.DryRun {
+	if !rec.Unverified || rec.Pod != pod || rec.Pending == "" {
 		return nil
 	}
 	return r.Ledger.MarkDone(ctx, id, ledger.Done{Settled: true, Version: rec.Version})
-}
-
-// recordState writes a state change, or in a dry run returns the record as
-// it would stand.
-func (r *Reaper) recordState(ctx context.Context, id string, rec ledger.Record, pod ledger.PodRef, sc ledger.StateChange) (ledger.Record, error) {
-	if !r.DryRun {
-		return r.Ledger.RecordState(ctx, id, pod, sc)
-	}
-	rec.InstanceID, rec.LastState = id, sc.State
-	if rec.Pod == (ledger.PodRef{}) {
-		rec.Pod = pod
-	}
-	if sc.Gone && rec.Gone == nil {
-		rec.Gone = &ledger.Gone{State: sc.State, At: sc.At}
-	}
-	return rec, nil
 }
 
 // deferWork puts the messages of instances whose work waits for EC2 tokens
@@ -337,7 +320,7 @@ func (r *Reaper) terminateOrphans(ctx context.Context, ids []string, records map
 	)
 	err := forEach(ctx, ids, func(id string) error {
 		inst, ok := known[id]
-		if !ok || !inst.Owned || (inst.State != instances.Running && inst.State != instances.Pending) || inst.Pod.UID == "" {
+		if !ok || !inst.Owned || (inst.State != model.StateRunning && inst.State != model.StatePending) || inst.Pod.UID == "" {
 			return nil
 		}
 		if rec, ok := records[id]; ok && rec.Exit != nil && rec.Exit.Terminal() {
@@ -368,8 +351,9 @@ func (r *Reaper) terminateOrphans(ctx context.Context, ids []string, records map
 			sum.Orphans++
 			r.Metrics.Count(metrics.OrphansTerminated, 1)
 			// Remember it, so that later sweeps and its state-change
-			// events know the instance is settled.
-			errs = append(errs, r.Ledger.MarkDone(ctx, id, ledger.Done{Terminated: true, Pod: known[id].Pod}))
+			// events know the instance is settled: nothing is left to do
+			// until those events report it gone (its Pod is not live).
+			errs = append(errs, r.Ledger.MarkDone(ctx, id, ledger.Done{Terminated: true, Pod: known[id].Pod, Settled: true, Version: records[id].Version}))
 		}
 	}
 	return errors.Join(errs...)

@@ -14,7 +14,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
-	"github.com/reaper-k8s/reaper/pkg/statechange"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
@@ -90,7 +90,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		slog.Int("records", sum.Records), slog.Int("managedInstances", sum.ManagedInstances),
 		slog.Int("missedGone", sum.MissedGone), slog.Int("queued", sum.Queued), slog.Int("orphans", sum.Orphans),
 		slog.Int("waitingExit", sum.WaitingExit), slog.Int("errors", sum.Errors),
-		slog.Int("durationMs", sum.DurationMsec), slog.Bool("dryRun", r.DryRun))
+		slog.Int("durationMs", sum.DurationMsec))
 	return sum, err
 }
 
@@ -117,7 +117,7 @@ func (r *Reaper) sweepInputs(ctx context.Context, cutoff time.Time, sum *SweepSu
 	sum.ManagedInstances = len(managed)
 	var lookup []string
 	for id, inst := range managed {
-		if _, ok := records[id]; !ok && (instances.Gone(inst.State) || inst.LaunchTime.Before(cutoff)) {
+		if _, ok := records[id]; !ok && (model.IsGone(inst.State) || inst.LaunchTime.Before(cutoff)) {
 			lookup = append(lookup, id)
 		}
 	}
@@ -136,15 +136,12 @@ func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.In
 	var errs []error
 	for id, inst := range managed {
 		rec, ok := records[id]
-		if !instances.Gone(inst.State) || (ok && (rec.Gone != nil || !rec.Terminated.IsZero())) {
+		if !model.IsGone(inst.State) || (ok && (rec.Gone != nil || !rec.Terminated.IsZero())) {
 			continue
 		}
 		sum.MissedGone++
-		if r.DryRun {
-			continue
-		}
 		rec, err := r.Ledger.RecordState(ctx, id, inst.Pod, ledger.StateChange{
-			State: inst.State, At: now, Rank: statechange.Rank(inst.State), Gone: true,
+			State: inst.State, At: now, Rank: model.StateRank(inst.State), Gone: true,
 		})
 		if err != nil {
 			errs = append(errs, err)
@@ -183,7 +180,7 @@ func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Insta
 		if rec, ok := records[id]; ok && rec.Exit != nil && rec.Exit.Terminal() {
 			continue
 		}
-		if (inst.State == instances.Running || inst.State == instances.Pending) && inst.LaunchTime.Before(cutoff) {
+		if (inst.State == model.StateRunning || inst.State == model.StatePending) && inst.LaunchTime.Before(cutoff) {
 			candidates = append(candidates, inst)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Why a line or a record is not believed. A host writes the exit line and
@@ -28,7 +29,7 @@ const (
 // distrust says why a Pod claimed for an instance is not to be believed, or
 // "" when the instance's launch tags agree: managed, this cluster, and the
 // same Pod namespace, name and UID.
-func distrust(inst instances.Instance, known bool, pod ledger.PodRef) string {
+func distrust(inst instances.Instance, known bool, pod model.PodRef) string {
 	switch {
 	case !known:
 		return DistrustUnknown

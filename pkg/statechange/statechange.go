@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Source and DetailType select the events (the CDK rule filters on them).
@@ -43,7 +44,7 @@ func Parse(ev events.CloudWatchEvent) (Message, error) {
 	if !exitline.ValidInstanceID(d.InstanceID) {
 		return Message{}, fmt.Errorf("state change: instance-id %q is not an EC2 instance id", d.InstanceID)
 	}
-	if _, ok := ranks[d.State]; !ok {
+	if !model.KnownState(d.State) {
 		return Message{}, fmt.Errorf("state change of %s: unknown state %q", d.InstanceID, d.State)
 	}
 	if ev.Time.IsZero() {
@@ -51,12 +52,3 @@ func Parse(ev events.CloudWatchEvent) (Message, error) {
 	}
 	return Message{InstanceID: d.InstanceID, State: d.State, Time: ev.Time}, nil
 }
-
-// ranks order states of one lifecycle, to order events with the same
-// timestamp (EventBridge times have one-second resolution).
-var ranks = map[string]int{
-	"pending": 0, "running": 1, "stopping": 2, "stopped": 3, "shutting-down": 4, "terminated": 5,
-}
-
-// Rank is the state's place in an instance's lifecycle.
-func Rank(state string) int { return ranks[state] }

@@ -32,12 +32,3 @@ func TestParse(t *testing.T) {
 		}
 	}
 }
-
-func TestRankOrdersALifecycle(t *testing.T) {
-	order := []string{"pending", "running", "stopping", "stopped", "shutting-down", "terminated"}
-	for i := 1; i < len(order); i++ {
-		if Rank(order[i-1]) >= Rank(order[i]) {
-			t.Errorf("%s does not rank before %s", order[i-1], order[i])
-		}
-	}
-}

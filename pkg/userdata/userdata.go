@@ -26,6 +26,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Restart policies, as in the Pod spec.
@@ -34,13 +36,6 @@ const (
 	RestartOnFailure = "OnFailure"
 	RestartNever     = "Never"
 )
-
-// DefaultLogGroup is the exit log group of a cluster's Reaper deployment,
-// the one its construct creates and subscribes to: log group names are
-// unique in an account and region, and each deployment's agent policy
-// covers its own group only, so one cluster's hosts cannot write another
-// cluster's exit lines.
-func DefaultLogGroup(cluster string) string { return "/reaper/" + cluster + "/exits" }
 
 // When the wrapper powers the host off after the final exit line
 // (Options.ShutdownMode).
@@ -56,17 +51,11 @@ const (
 	ShutdownAfterDelay = "after-delay"
 )
 
-// Defaults for Options and TagKeys.
+// Defaults for Options.
 const (
 	DefaultExitLogPath   = "/var/log/reaper/exit.log"
 	DefaultContainerCLI  = "docker"
 	DefaultShutdownDelay = 10 * time.Minute
-
-	DefaultTagManaged   = "reaper.io/managed"
-	DefaultTagNamespace = "reaper.io/pod-namespace"
-	DefaultTagName      = "reaper.io/pod-name"
-	DefaultTagUID       = "reaper.io/pod-uid"
-	DefaultTagCluster   = "reaper.io/cluster"
 )
 
 // Where the user-data installs things on the instance.
@@ -151,51 +140,20 @@ type Options struct {
 	// DockerRunArgs are extra flags for "docker run", e.g. "--gpus", "all".
 	DockerRunArgs []string
 	// TagKeys overrides the instance tag keys; empty fields keep defaults.
-	TagKeys TagKeys
-}
-
-// TagKeys are the keys of the instance tags Reaper reads.
-type TagKeys struct {
-	Managed, Namespace, Name, UID, Cluster string
-}
-
-// DefaultTagKeys returns the contract's default tag keys.
-func DefaultTagKeys() TagKeys {
-	return TagKeys{Managed: DefaultTagManaged, Namespace: DefaultTagNamespace, Name: DefaultTagName,
-		UID: DefaultTagUID, Cluster: DefaultTagCluster}
-}
-
-func (k TagKeys) withDefaults() TagKeys {
-	d := DefaultTagKeys()
-	if k.Managed == "" {
-		k.Managed = d.Managed
-	}
-	if k.Namespace == "" {
-		k.Namespace = d.Namespace
-	}
-	if k.Name == "" {
-		k.Name = d.Name
-	}
-	if k.UID == "" {
-		k.UID = d.UID
-	}
-	if k.Cluster == "" {
-		k.Cluster = d.Cluster
-	}
-	return k
+	TagKeys model.TagKeys
 }
 
 // Tags returns the tags the provider writes on the instance at launch, for
 // the Pod of the named cluster; empty fields of keys take the defaults.
 // Launch checks pod and cluster; Tags takes them as they are.
-func Tags(pod Pod, cluster string, keys TagKeys) map[string]string {
-	keys = keys.withDefaults()
+func Tags(pod Pod, cluster string, keys model.TagKeys) map[string]string {
+	keys = keys.WithDefaults()
 	return map[string]string{
-		keys.Managed:   "true",
-		keys.Namespace: pod.Namespace,
-		keys.Name:      pod.Name,
-		keys.UID:       pod.UID,
-		keys.Cluster:   cluster,
+		keys.Managed:      "true",
+		keys.PodNamespace: pod.Namespace,
+		keys.PodName:      pod.Name,
+		keys.PodUID:       pod.UID,
+		keys.Cluster:      cluster,
 	}
 }
 
@@ -398,7 +356,7 @@ type resolved struct {
 func (o Options) resolve() (resolved, error) {
 	var errs []error
 	if o.LogGroup == "" && o.Cluster != "" {
-		o.LogGroup = DefaultLogGroup(o.Cluster)
+		o.LogGroup = model.DefaultLogGroup(o.Cluster)
 	}
 	if o.ExitLogPath == "" {
 		o.ExitLogPath = DefaultExitLogPath
@@ -440,8 +398,8 @@ func (o Options) resolve() (resolved, error) {
 			}
 		}
 	}
-	keys := o.TagKeys.withDefaults()
-	for _, k := range []string{keys.Managed, keys.Namespace, keys.Name, keys.UID, keys.Cluster} {
+	keys := o.TagKeys.WithDefaults()
+	for _, k := range []string{keys.Managed, keys.PodNamespace, keys.PodName, keys.PodUID, keys.Cluster} {
 		if len(k) > 128 || strings.HasPrefix(strings.ToLower(k), "aws:") || !utf8.ValidString(k) {
 			errs = append(errs, fmt.Errorf("tag key %q is not a valid EC2 tag key", k))
 		}

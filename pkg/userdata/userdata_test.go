@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -42,7 +44,7 @@ func hostileOptions() Options {
 		LogGroup: "/team-a/reaper#exits", ExitLogPath: "/var/log/reaper-exits/exit.jsonl",
 		MaxRestarts: 5, ShutdownDelay: 90 * time.Second,
 		DockerRunArgs: []string{"--gpus", "all", "--label", `note=it's "fine"`},
-		TagKeys:       TagKeys{Managed: "example.com/managed"},
+		TagKeys:       model.TagKeys{Managed: "example.com/managed"},
 	}
 }
 
@@ -316,7 +318,7 @@ func TestValidate(t *testing.T) {
 		{"max restarts", func(_ *Pod, o *Options) { o.MaxRestarts = -1 }, "max restarts"},
 		{"delay", func(_ *Pod, o *Options) { o.ShutdownDelay = -time.Second }, "shutdown delay"},
 		{"shutdown mode", func(_ *Pod, o *Options) { o.ShutdownMode = "never" }, `shutdown mode "never" is not when-shipped or after-delay`},
-		{"tag key", func(_ *Pod, o *Options) { o.TagKeys.UID = "aws:uid" }, "tag key"},
+		{"tag key", func(_ *Pod, o *Options) { o.TagKeys.PodUID = "aws:uid" }, "tag key"},
 		{"cluster tag key", func(_ *Pod, o *Options) { o.TagKeys.Cluster = "aws:cluster" }, `tag key "aws:cluster"`},
 		{"run arg rm", func(_ *Pod, o *Options) { o.DockerRunArgs = []string{"--rm"} }, "owns --rm"},
 		{"run arg restart", func(_ *Pod, o *Options) { o.DockerRunArgs = []string{"--restart=always"} }, "owns --restart"},
@@ -433,7 +435,7 @@ func TestEnvLineBreak(t *testing.T) {
 func TestTags(t *testing.T) {
 	t.Parallel()
 	p := jobPod(RestartNever)
-	got := Tags(p, testCluster, TagKeys{})
+	got := Tags(p, testCluster, model.TagKeys{})
 	want := map[string]string{"reaper.io/managed": "true", "reaper.io/pod-namespace": "batch",
 		"reaper.io/pod-name": "installer-7xk2p", "reaper.io/pod-uid": "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b",
 		"reaper.io/cluster": testCluster}
@@ -445,7 +447,7 @@ func TestTags(t *testing.T) {
 			t.Errorf("Tags[%s] = %q, want %q", k, got[k], v)
 		}
 	}
-	got = Tags(p, testCluster, TagKeys{Managed: "x/managed", UID: "x/uid", Cluster: "x/cluster"})
+	got = Tags(p, testCluster, model.TagKeys{Managed: "x/managed", PodUID: "x/uid", Cluster: "x/cluster"})
 	if len(got) != 5 || got["x/managed"] != "true" || got["x/uid"] != p.UID || got["reaper.io/pod-name"] != p.Name ||
 		got["x/cluster"] != testCluster {
 		t.Errorf("Tags with custom keys = %v", got)
@@ -529,7 +531,7 @@ func TestLaunch(t *testing.T) {
 	if err := json.Unmarshal(js, &asJSON); err != nil || asJSON["metadataHttpPutResponseHopLimit"] != 1.0 {
 		t.Errorf("launch settings JSON: metadataHttpPutResponseHopLimit = %v, want 1 (%v)", asJSON["metadataHttpPutResponseHopLimit"], err)
 	}
-	custom, err := Launch(p, Options{Cluster: "other", TagKeys: TagKeys{Cluster: "example.com/cluster"}})
+	custom, err := Launch(p, Options{Cluster: "other", TagKeys: model.TagKeys{Cluster: "example.com/cluster"}})
 	if err != nil || custom.Tags["example.com/cluster"] != "other" || custom.Tags["reaper.io/cluster"] != "" {
 		t.Errorf("launch with a custom cluster tag key: %v, %v", custom.Tags, err)
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Version is the message format's version, carried in every body.
@@ -49,8 +49,8 @@ type Message struct {
 	Kind       Kind   `json:"kind"`
 	InstanceID string `json:"instanceId"`
 	// Pod and Exit are an exit message's claim.
-	Pod  *ledger.PodRef `json:"pod,omitempty"`
-	Exit *ledger.Exit   `json:"exit,omitempty"`
+	Pod  *model.PodRef `json:"pod,omitempty"`
+	Exit *model.Exit   `json:"exit,omitempty"`
 	// State and At are a state message's state change.
 	State string    `json:"state,omitempty"`
 	At    time.Time `json:"at,omitzero"`
@@ -60,7 +60,7 @@ type Message struct {
 }
 
 // Exit is the message for an exit recorded for instance id.
-func Exit(id string, pod ledger.PodRef, exit ledger.Exit) Message {
+func Exit(id string, pod model.PodRef, exit model.Exit) Message {
 	return Message{Kind: KindExit, InstanceID: id, Pod: &pod, Exit: &exit}
 }
 

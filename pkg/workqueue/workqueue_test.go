@@ -13,7 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/reaper-k8s/reaper/internal/sqsserver"
-	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
@@ -55,9 +55,9 @@ func receiveAll(t *testing.T, client *sqs.Client, url string) []events.SQSMessag
 func TestSendAndParse(t *testing.T) {
 	q, client, url, srv := newQueue(t)
 	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	pod := ledger.PodRef{Namespace: "jobs", Name: "train", UID: "0b6f8e2c-2f4e-4c55-9d3e-6a1f7a9b2c01"}
+	pod := model.PodRef{Namespace: "jobs", Name: "train", UID: "0b6f8e2c-2f4e-4c55-9d3e-6a1f7a9b2c01"}
 	msgs := []workqueue.Message{
-		workqueue.Exit("i-0123456789abcdef0", pod, ledger.Exit{Container: "main", ExitCode: 3, FinishedAt: at}),
+		workqueue.Exit("i-0123456789abcdef0", pod, model.Exit{Container: "main", ExitCode: 3, FinishedAt: at}),
 		workqueue.State("i-0123456789abcdef1", "terminated", at),
 		workqueue.Orphan("i-0123456789abcdef2"),
 	}

@@ -1,6 +1,7 @@
 // Command deps is the hello-world bootstrap linking every package the
-// functions link, without calling app.New: a function's init less this
-// one's is the wiring's share (BenchmarkInitParts).
+// functions link, without calling the wiring (app.Load, reaperapp.New): a
+// function's init less this one's is the wiring's share
+// (BenchmarkInitParts).
 package main
 
 import (
@@ -9,7 +10,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/lambda"
 
-	_ "github.com/reaper-k8s/reaper/pkg/app"
+	_ "github.com/reaper-k8s/reaper/pkg/app/reaperapp"
 	_ "github.com/reaper-k8s/reaper/pkg/exitline"
 	_ "github.com/reaper-k8s/reaper/pkg/reaper"
 )

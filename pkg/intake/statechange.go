@@ -1,4 +1,4 @@
-package reaper
+package intake
 
 import (
 	"context"
@@ -23,15 +23,15 @@ type StateSummary struct {
 
 // HandleEC2Event is the statechange function's handler: one EventBridge
 // "EC2 Instance State-change Notification".
-func (r *Reaper) HandleEC2Event(ctx context.Context, ev events.CloudWatchEvent) (StateSummary, error) {
-	defer r.flushMetrics(ctx)
+func (in *Intake) HandleEC2Event(ctx context.Context, ev events.CloudWatchEvent) (StateSummary, error) {
+	defer in.flushMetrics(ctx)
 	m, err := statechange.Parse(ev)
 	if err != nil {
 		// Retrying a malformed event cannot help: log it and count it.
-		r.Log.ErrorContext(ctx, "event rejected", "id", ev.ID, "error", err)
+		in.Log.ErrorContext(ctx, "event rejected", "id", ev.ID, "error", err)
 		return StateSummary{Skipped: "rejected"}, nil
 	}
-	return r.HandleStateChange(ctx, m)
+	return in.HandleStateChange(ctx, m)
 }
 
 // HandleStateChange hands an instance's state change to the reconciler.
@@ -39,12 +39,12 @@ func (r *Reaper) HandleEC2Event(ctx context.Context, ev events.CloudWatchEvent) 
 // carry no tags), and a tag lookup per event would spend the account's
 // DescribeInstances bucket one call per instance when thousands end
 // together; the reconciler checks a batch of them in one call per 200.
-func (r *Reaper) HandleStateChange(ctx context.Context, m statechange.Message) (StateSummary, error) {
+func (in *Intake) HandleStateChange(ctx context.Context, m statechange.Message) (StateSummary, error) {
 	sum := StateSummary{InstanceID: m.InstanceID, State: m.State}
-	if err := r.Queue.Send(ctx, 0, workqueue.State(m.InstanceID, m.State, m.Time)); err != nil {
+	if err := in.Queue.Send(ctx, 0, workqueue.State(m.InstanceID, m.State, m.Time)); err != nil {
 		return sum, fmt.Errorf("hand state change of %s to the reconciler: %w", m.InstanceID, err)
 	}
 	sum.Queued = true
-	r.Metrics.Count(metrics.WorkItemsQueued, 1)
+	in.Metrics.Count(metrics.WorkItemsQueued, 1)
 	return sum, nil
 }

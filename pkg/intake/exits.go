@@ -1,17 +1,47 @@
-package reaper
+// Package intake takes in the events that report a Pod's end: the exit
+// lines the hosts ship (the exitrecorder) and EC2's state changes (the
+// statechange function). It records each exit in the ledger and hands the
+// instance to the reconciler through the work queue. It calls neither EC2
+// nor Kubernetes: a lookup per event would spend the account's shared
+// buckets one call per exit when thousands end together, so the reconciler
+// checks them in batches (package reaper).
+package intake
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
+
+// Ledger records exits (package ledger).
+type Ledger interface {
+	RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit, verified bool) (ledger.Record, error)
+}
+
+// Queue is the work queue (package workqueue).
+type Queue interface {
+	Send(ctx context.Context, delay time.Duration, msgs ...workqueue.Message) error
+}
+
+// Intake records what the events report and queues the work.
+type Intake struct {
+	Ledger Ledger
+	Queue  Queue
+	Log    *slog.Logger
+	// Metrics records what the handlers did (nil records nothing); each
+	// handler flushes it before it returns.
+	Metrics *metrics.Recorder
+	Now     func() time.Time
+}
 
 // ExitSummary counts what one exit batch came to.
 type ExitSummary struct {
@@ -37,9 +67,9 @@ func (s *ExitSummary) reject(reason string) {
 }
 
 // recordRejections counts the summary's rejected lines by reason.
-func (r *Reaper) recordRejections(s ExitSummary) {
+func (in *Intake) recordRejections(s ExitSummary) {
 	for reason, n := range s.RejectedFor {
-		r.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, n)
+		in.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, n)
 	}
 }
 
@@ -49,22 +79,22 @@ const ReasonUndecodable = metrics.ReasonUndecodable
 
 // HandleLogsEvent is the exitrecorder's handler: one CloudWatch Logs
 // subscription payload, the lines of one instance.
-func (r *Reaper) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEvent) (ExitSummary, error) {
-	defer r.flushMetrics(ctx)
-	batch, err := exitline.FromLogsEvent(ev, r.Now())
+func (in *Intake) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEvent) (ExitSummary, error) {
+	defer in.flushMetrics(ctx)
+	batch, err := exitline.FromLogsEvent(ev, in.Now())
 	if err != nil {
 		// A payload that cannot be decoded or attributed will not decode
 		// better on a retry: log it and count it, do not fail.
-		r.Log.ErrorContext(ctx, "payload rejected", "error", err)
+		in.Log.ErrorContext(ctx, "payload rejected", "error", err)
 		var sum ExitSummary
 		sum.reject(ReasonUndecodable)
-		r.recordRejections(sum)
+		in.recordRejections(sum)
 		return sum, nil
 	}
 	if batch.Control {
 		return ExitSummary{}, nil
 	}
-	return r.HandleExits(ctx, batch)
+	return in.HandleExits(ctx, batch)
 }
 
 // HandleExits records a batch's latest exit in the ledger and hands the
@@ -78,12 +108,12 @@ func (r *Reaper) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEv
 // No EC2 call is made here: a tag lookup per exit would spend the
 // account's DescribeInstances bucket one call per exit in a burst; the
 // reconciler makes one per 200 instances.
-func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSummary, err error) {
+func (in *Intake) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSummary, err error) {
 	sum = ExitSummary{InstanceID: b.InstanceID, Lines: len(b.Lines) + len(b.Rejected)}
-	defer func() { r.recordRejections(sum) }()
+	defer func() { in.recordRejections(sum) }()
 	for _, rej := range b.Rejected {
 		sum.reject(rej.Reason)
-		r.Log.LogAttrs(ctx, slog.LevelWarn, "exit line rejected", slog.String("instance", b.InstanceID),
+		in.Log.LogAttrs(ctx, slog.LevelWarn, "exit line rejected", slog.String("instance", b.InstanceID),
 			slog.String("eventId", rej.EventID), slog.String("reason", rej.Reason), slog.String("error", rej.Err.Error()))
 	}
 	if len(b.Lines) == 0 {
@@ -91,13 +121,13 @@ func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSum
 	}
 	// The status is derived from the latest exit alone (restart counts
 	// order them), so one write of it stands for the whole batch.
-	pod, exit := FromLine(b.Lines[len(b.Lines)-1])
-	if _, err := r.record(ctx, b.InstanceID, pod, exit, false); err != nil {
+	pod, exit := b.Lines[len(b.Lines)-1].Claim()
+	if _, err := in.Ledger.RecordExit(ctx, b.InstanceID, pod, exit, false); err != nil {
 		return sum, fmt.Errorf("record exit of %s: %w", b.InstanceID, err)
 	}
 	sum.Recorded = len(b.Lines)
-	r.Metrics.Count(metrics.ExitsRecorded, sum.Recorded)
-	r.Metrics.Observe(metrics.FinishToRecorded, r.Now().Sub(exit.FinishedAt))
+	in.Metrics.Count(metrics.ExitsRecorded, sum.Recorded)
+	in.Metrics.Observe(metrics.FinishToRecorded, in.Now().Sub(exit.FinishedAt))
 
 	// One claim per Pod: a forged line naming another Pod cannot hide the
 	// real one, whatever its restart count.
@@ -108,58 +138,22 @@ func (r *Reaper) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSum
 	msgs := make([]workqueue.Message, 0, len(latest))
 	for i, l := range b.Lines {
 		if latest[l.PodUID] == i {
-			pod, exit := FromLine(l)
+			pod, exit := l.Claim()
 			msgs = append(msgs, workqueue.Exit(b.InstanceID, pod, exit))
 		}
 	}
-	if err := r.Queue.Send(ctx, 0, msgs...); err != nil {
+	if err := in.Queue.Send(ctx, 0, msgs...); err != nil {
 		return sum, fmt.Errorf("hand exit of %s to the reconciler: %w", b.InstanceID, err)
 	}
 	sum.Queued = len(msgs)
-	r.Metrics.Count(metrics.WorkItemsQueued, len(msgs))
+	in.Metrics.Count(metrics.WorkItemsQueued, len(msgs))
 	return sum, nil
 }
 
 // flushMetrics writes what the invocation recorded; a failed write is
 // logged, never the invocation's error.
-func (r *Reaper) flushMetrics(ctx context.Context) {
-	if err := r.Metrics.Flush(ctx); err != nil {
-		r.Log.WarnContext(ctx, "metrics not written", "error", err)
+func (in *Intake) flushMetrics(ctx context.Context) {
+	if err := in.Metrics.Flush(ctx); err != nil {
+		in.Log.WarnContext(ctx, "metrics not written", "error", err)
 	}
-}
-
-// record writes an exit to the ledger, or in a dry run returns the record
-// as it would stand.
-func (r *Reaper) record(ctx context.Context, id string, pod ledger.PodRef, exit ledger.Exit, verified bool) (ledger.Record, error) {
-	if !r.DryRun {
-		return r.Ledger.RecordExit(ctx, id, pod, exit, verified)
-	}
-	rec, _, err := r.Ledger.Get(ctx, id)
-	if err != nil {
-		return rec, err
-	}
-	if rec.Exit == nil || rec.Exit.RestartCount <= exit.RestartCount || (verified && rec.Unverified) {
-		rec.InstanceID, rec.Pod, rec.Exit, rec.Unverified = id, pod, &exit, !verified
-	}
-	return rec, nil
-}
-
-// FromLine is what the ledger keeps of an exit line: the Pod it names and
-// the exit.
-func FromLine(l exitline.Line) (ledger.PodRef, ledger.Exit) {
-	return ledger.PodRef{Namespace: l.PodNamespace, Name: l.PodName, UID: l.PodUID},
-		ledger.Exit{
-			Container:        l.Container,
-			ContainerID:      l.ContainerID,
-			ExitCode:         l.ExitCode,
-			OOMKilled:        l.OOMKilled,
-			Signal:           l.Signal,
-			Error:            l.Error,
-			StartedAt:        l.StartedAt,
-			FinishedAt:       l.FinishedAt,
-			RestartCount:     l.RestartCount,
-			RuntimeRestarted: l.RuntimeRestarted,
-			WillRestart:      l.WillRestart,
-			BackoffSeconds:   l.BackoffSeconds,
-		}
 }

@@ -1,0 +1,206 @@
+// Package fakes holds in-memory stand-ins for the outside systems behind
+// the core's interfaces, for fast truth tables of its decisions: a ledger
+// that applies the real ledger's write rules (ledger.WithExit, WithState,
+// WithDone), a World of Pods and instances that records the writes and
+// terminations made to it, and a Queue that keeps what was sent. The replay
+// tests run the same paths against the real apiserver, dynalite and the EC2
+// and SQS test servers.
+package fakes
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/kube"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
+)
+
+// Ledger keeps records by instance.
+type Ledger struct {
+	mu   sync.Mutex
+	Recs map[string]ledger.Record
+	Now  func() time.Time
+}
+
+// NewLedger is an empty ledger whose writes happen at now.
+func NewLedger(now func() time.Time) *Ledger {
+	return &Ledger{Recs: map[string]ledger.Record{}, Now: now}
+}
+
+func (l *Ledger) Get(_ context.Context, id string) (ledger.Record, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.Recs[id]
+	return r, ok, nil
+}
+
+func (l *Ledger) RecordExit(_ context.Context, id string, pod model.PodRef, exit model.Exit, verified bool) (ledger.Record, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, _ := ledger.WithExit(l.Recs[id], id, pod, exit, verified, l.Now())
+	l.Recs[id] = r
+	return r, nil
+}
+
+func (l *Ledger) RecordState(_ context.Context, id string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, _ := ledger.WithState(l.Recs[id], id, pod, sc, l.Now())
+	l.Recs[id] = r
+	return r, nil
+}
+
+func (l *Ledger) MarkDone(_ context.Context, id string, d ledger.Done) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.Recs[id] = ledger.WithDone(l.Recs[id], id, d, l.Now())
+	return nil
+}
+
+func (l *Ledger) Pending(_ context.Context, fn func(ledger.Record) error) error {
+	l.mu.Lock()
+	var recs []ledger.Record
+	for _, r := range l.Recs {
+		if r.Pending != "" {
+			recs = append(recs, r)
+		}
+	}
+	l.mu.Unlock()
+	for _, r := range recs {
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *Ledger) GetMany(_ context.Context, ids []string) (map[string]ledger.Record, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]ledger.Record{}
+	for _, id := range ids {
+		if r, ok := l.Recs[id]; ok {
+			out[id] = r
+		}
+	}
+	return out, nil
+}
+
+// World is the Pods and the instances; it records, in order, the Pod
+// writes and terminations made to it.
+type World struct {
+	mu        sync.Mutex
+	Pods      map[model.PodRef]bool // existing Pods
+	Instances map[string]instances.Instance
+	Log       []string // "pod ns/name exit/0", "terminate [i-…]"
+	Describes [][]string
+	// NoTokens makes Terminate answer as a Fleet whose share of the
+	// bucket runs out before the deadline.
+	NoTokens    bool
+	DescribeErr error
+}
+
+// NewWorld is a world of the given instances and no Pods.
+func NewWorld(insts ...instances.Instance) *World {
+	w := &World{Pods: map[model.PodRef]bool{}, Instances: map[string]instances.Instance{}}
+	for _, i := range insts {
+		w.Instances[i.ID] = i
+	}
+	return w
+}
+
+func (w *World) Read(_ context.Context, ref model.PodRef) (kube.Snapshot, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.Pods[ref] {
+		return kube.Snapshot{Ref: ref, Result: kube.PodGone}, nil
+	}
+	return kube.Snapshot{Ref: ref, Result: kube.Current}, nil
+}
+
+func (w *World) Apply(_ context.Context, ref model.PodRef, o model.Outcome) (kube.Result, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.Log = append(w.Log, "pod "+ref.String()+" "+o.Key())
+	return kube.Patched, nil
+}
+
+func (w *World) Describe(_ context.Context, ids []string) (map[string]instances.Instance, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.Describes = append(w.Describes, slices.Clone(ids))
+	if w.DescribeErr != nil {
+		return nil, w.DescribeErr
+	}
+	out := map[string]instances.Instance{}
+	for _, id := range ids {
+		if i, ok := w.Instances[id]; ok {
+			out[id] = i
+		}
+	}
+	return out, nil
+}
+
+func (w *World) Terminate(_ context.Context, ids []string, _ map[string]instances.Instance) (map[string]instances.Termination, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.NoTokens {
+		return nil, fmt.Errorf("terminate %d instances: %w", len(ids), instances.ErrNoTokens)
+	}
+	w.Log = append(w.Log, fmt.Sprint("terminate ", ids))
+	out := map[string]instances.Termination{}
+	for _, id := range ids {
+		out[id] = instances.Terminating
+	}
+	return out, nil
+}
+
+func (w *World) ListOwned(_ context.Context, fn func(instances.Instance) error) error {
+	w.mu.Lock()
+	var owned []instances.Instance
+	for _, i := range w.Instances {
+		if i.Owned {
+			owned = append(owned, i)
+		}
+	}
+	w.mu.Unlock()
+	for _, i := range owned {
+		if err := fn(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Sent is one Send to the Queue.
+type Sent struct {
+	Delay time.Duration
+	Msgs  []workqueue.Message
+}
+
+// Queue keeps what was sent, in order.
+type Queue struct {
+	mu   sync.Mutex
+	Sent []Sent
+}
+
+func (q *Queue) Send(_ context.Context, delay time.Duration, msgs ...workqueue.Message) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.Sent = append(q.Sent, Sent{delay, msgs})
+	return nil
+}
+
+// Pod is the n-th Pod of a test: jobs/job-<n>, with a UID made of n.
+func Pod(n int) model.PodRef {
+	return model.PodRef{Namespace: "jobs", Name: fmt.Sprintf("job-%d", n), UID: fmt.Sprintf("00000000-0000-0000-0000-%012d", n)}
+}
+
+// InstanceID is the n-th instance of a test.
+func InstanceID(n int) string { return fmt.Sprintf("i-%017x", n) }

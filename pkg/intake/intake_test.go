@@ -1,0 +1,78 @@
+package intake_test
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/reaper-k8s/reaper/internal/fakes"
+	"github.com/reaper-k8s/reaper/pkg/exitline"
+	"github.com/reaper-k8s/reaper/pkg/intake"
+	"github.com/reaper-k8s/reaper/pkg/statechange"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
+)
+
+// The intake's functions write the ledger and the queue only; they reach
+// neither EC2 nor Kubernetes, so these fakes are all they have (package
+// fakes), and a call to anything else could not even be wired.
+
+func testNow() time.Time { return time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC) }
+
+var errBadLine = errors.New("not JSON")
+
+func line(n int, restarts int32, willRestart bool) exitline.Line {
+	pod := fakes.Pod(n)
+	return exitline.Line{Reaper: exitline.Kind, V: exitline.Version, InstanceID: fakes.InstanceID(1), PodNamespace: pod.Namespace, PodName: pod.Name,
+		PodUID: pod.UID, Container: "main", RestartCount: restarts, WillRestart: willRestart,
+		StartedAt: time.Date(2026, 12, 1, 11, 0, 0, 0, time.UTC), FinishedAt: time.Date(2026, 12, 1, 11, 59, 0, 0, time.UTC)}
+}
+
+// The exitrecorder writes the latest exit, unverified, and queues the
+// latest claim of each Pod the lines name; it calls neither EC2 nor
+// Kubernetes.
+func TestHandleExitsRecordsAndQueues(t *testing.T) {
+	l, q := fakes.NewLedger(testNow), &fakes.Queue{}
+	in := &intake.Intake{Ledger: l, Queue: q, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: testNow}
+	sum, err := in.HandleExits(t.Context(), exitline.Batch{InstanceID: fakes.InstanceID(1), Lines: []exitline.Line{
+		line(1, 0, true), line(2, 5, false), line(1, 1, false),
+	}, Rejected: []exitline.Rejection{{EventID: "e", Reason: intake.ReasonUndecodable, Err: errBadLine}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Lines != 4 || sum.Recorded != 3 || sum.Queued != 2 || sum.Rejected != 1 {
+		t.Fatalf("summary %+v", sum)
+	}
+	r := l.Recs[fakes.InstanceID(1)]
+	if !r.Unverified || r.Pod != fakes.Pod(1) || r.Exit.RestartCount != 1 || r.Pending == "" {
+		t.Fatalf("record %+v, want the latest line's exit, unverified", r)
+	}
+	if len(q.Sent) != 1 || len(q.Sent[0].Msgs) != 2 {
+		t.Fatalf("sent %+v", q.Sent)
+	}
+	claims := map[string]int32{}
+	for _, m := range q.Sent[0].Msgs {
+		if m.Kind != workqueue.KindExit || m.InstanceID != fakes.InstanceID(1) {
+			t.Fatalf("message %+v", m)
+		}
+		claims[m.Pod.Name] = m.Exit.RestartCount
+	}
+	if claims["job-1"] != 1 || claims["job-2"] != 5 {
+		t.Fatalf("claims %v, want each Pod's latest", claims)
+	}
+}
+
+// A state change goes to the queue as it came.
+func TestHandleStateChangeQueues(t *testing.T) {
+	l, q := fakes.NewLedger(testNow), &fakes.Queue{}
+	in := &intake.Intake{Ledger: l, Queue: q, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: testNow}
+	at := time.Date(2026, 12, 1, 11, 0, 0, 0, time.UTC)
+	sum, err := in.HandleStateChange(t.Context(), statechange.Message{InstanceID: fakes.InstanceID(1), State: "terminated", Time: at})
+	if err != nil || !sum.Queued {
+		t.Fatalf("summary %+v, %v", sum, err)
+	}
+	if len(q.Sent) != 1 || q.Sent[0].Msgs[0] != workqueue.State(fakes.InstanceID(1), "terminated", at) || len(l.Recs) != 0 {
+		t.Fatalf("sent %+v, ledger %v", q.Sent, l.Recs)
+	}
+}

@@ -1,0 +1,112 @@
+package ledger
+
+import (
+	"context"
+	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/model"
+)
+
+// The rules of the ledger's conditional writes, in Go: what each write does
+// to a record as it stands. The table's writes state them as DynamoDB
+// condition and update expressions, so that concurrent writers need no
+// read first; ReadOnly (a dry run) and the tests' in-memory ledger apply
+// them here. TestRulesMatchTable holds both forms to the same answers.
+
+// WithExit is rec after RecordExit(id, pod, exit, verified) at now, and
+// whether the write applies (false: rec is returned as it was).
+func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, verified bool, now time.Time) (Record, bool) {
+	if rc := rec.ExitRestartCount; rc != nil {
+		later := *rc > exit.RestartCount
+		if verified && later && !rec.Unverified {
+			return rec, false
+		}
+		if !verified && (later || (!rec.Unverified && rec.Pod.UID != pod.UID)) {
+			return rec, false
+		}
+	}
+	now = now.UTC()
+	exit.ReceivedAt = now
+	rc := exit.RestartCount
+	rec.InstanceID, rec.Pod, rec.Exit, rec.ExitRestartCount = id, pod, &exit, &rc
+	rec.Unverified = !verified
+	rec.Pending = pendingValue
+	touch(&rec, now)
+	rec.Version++
+	return rec, true
+}
+
+// WithState is rec after RecordState(id, pod, sc) at now, and whether the
+// write applies: only a state at least as new as the newest one recorded
+// does.
+func WithState(rec Record, id string, pod model.PodRef, sc StateChange, now time.Time) (Record, bool) {
+	if !rec.LastStateAt.IsZero() && (rec.LastStateAt.After(sc.At) || (rec.LastStateAt.Equal(sc.At) && rec.LastStateRank > sc.Rank)) {
+		return rec, false
+	}
+	rec.InstanceID, rec.LastState, rec.LastStateAt, rec.LastStateRank = id, sc.State, sc.At.UTC(), sc.Rank
+	if rec.Pod == (model.PodRef{}) {
+		rec.Pod = pod
+	}
+	if sc.Gone {
+		rec.Gone, rec.Pending = &model.Gone{State: sc.State, At: sc.At.UTC()}, pendingValue
+	}
+	touch(&rec, now.UTC())
+	rec.Version++
+	return rec, true
+}
+
+// WithDone is rec after MarkDone(id, d) at now. A record written since
+// d.Version was read stays pending.
+func WithDone(rec Record, id string, d Done, now time.Time) Record {
+	now = now.UTC()
+	rec.InstanceID = id
+	if d.PodSynced != "" {
+		rec.PodSynced = d.PodSynced
+	}
+	if d.Terminated && rec.Terminated.IsZero() {
+		rec.Terminated = now
+	}
+	if rec.Pod == (model.PodRef{}) {
+		rec.Pod = d.Pod
+	}
+	rec.Pending = pendingValue
+	if d.Settled && (rec.Version == 0 || rec.Version == d.Version) {
+		rec.Pending = ""
+	}
+	touch(&rec, now)
+	return rec
+}
+
+func touch(rec *Record, now time.Time) {
+	rec.UpdatedAt, rec.ExpiresAt = now, now.Add(Retention).Unix()
+}
+
+// ReadOnly is the ledger of a dry run. It reads the table, answers each
+// write with the record as the write would leave it (by the rules above),
+// and writes nothing.
+type ReadOnly struct {
+	*Table
+}
+
+// RecordExit returns the record as RecordExit would leave it.
+func (t ReadOnly) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit, verified bool) (Record, error) {
+	rec, _, err := t.Get(ctx, instanceID)
+	if err != nil {
+		return Record{}, err
+	}
+	rec, _ = WithExit(rec, instanceID, pod, exit, verified, t.now())
+	return rec, nil
+}
+
+// RecordState returns the record as RecordState would leave it.
+func (t ReadOnly) RecordState(ctx context.Context, instanceID string, pod model.PodRef, sc StateChange) (Record, error) {
+	rec, _, err := t.Get(ctx, instanceID)
+	if err != nil {
+		return Record{}, err
+	}
+	rec, _ = WithState(rec, instanceID, pod, sc, t.now())
+	return rec, nil
+}
+
+// MarkDone does nothing: a dry run marks no step done.
+func (ReadOnly) MarkDone(context.Context, string, Done) error { return nil }

@@ -1,0 +1,94 @@
+package model
+
+// EC2 instance state names, as DescribeInstances and the state-change
+// events spell them.
+const (
+	StatePending      = "pending"
+	StateRunning      = "running"
+	StateShuttingDown = "shutting-down"
+	StateTerminated   = "terminated"
+	StateStopping     = "stopping"
+	StateStopped      = "stopped"
+)
+
+// IsGone reports whether a state means the instance no longer runs its Pod.
+func IsGone(state string) bool {
+	switch state {
+	case StateShuttingDown, StateTerminated, StateStopping, StateStopped:
+		return true
+	}
+	return false
+}
+
+// IsEnding reports whether the instance is already on its way out, so a
+// terminate request would change nothing.
+func IsEnding(state string) bool { return state == StateShuttingDown || state == StateTerminated }
+
+// stateRanks order the states of one lifecycle, to order events with the
+// same timestamp (EventBridge times have one-second resolution).
+var stateRanks = map[string]int{
+	StatePending: 0, StateRunning: 1, StateStopping: 2, StateStopped: 3, StateShuttingDown: 4, StateTerminated: 5,
+}
+
+// KnownState reports whether state is one of EC2's instance state names.
+func KnownState(state string) bool {
+	_, ok := stateRanks[state]
+	return ok
+}
+
+// StateRank is the state's place in an instance's lifecycle.
+func StateRank(state string) int { return stateRanks[state] }
+
+// The launch tag keys of the contract: a provider writes them when it
+// launches an instance for a Pod, and Reaper believes an exit line only
+// when they agree with it.
+const (
+	DefaultTagManaged      = "reaper.io/managed"
+	DefaultTagCluster      = "reaper.io/cluster"
+	DefaultTagPodNamespace = "reaper.io/pod-namespace"
+	DefaultTagPodName      = "reaper.io/pod-name"
+	DefaultTagPodUID       = "reaper.io/pod-uid"
+)
+
+// TagKeys are the launch tag keys a deployment uses.
+type TagKeys struct {
+	Managed string
+	// Cluster names the cluster whose Pod the instance runs: an instance is
+	// a deployment's only when this tag equals its cluster name.
+	Cluster      string
+	PodNamespace string
+	PodName      string
+	PodUID       string
+}
+
+// DefaultTagKeys are the contract's default keys.
+func DefaultTagKeys() TagKeys {
+	return TagKeys{
+		Managed:      DefaultTagManaged,
+		Cluster:      DefaultTagCluster,
+		PodNamespace: DefaultTagPodNamespace,
+		PodName:      DefaultTagPodName,
+		PodUID:       DefaultTagPodUID,
+	}
+}
+
+// WithDefaults fills the empty keys with the defaults.
+func (k TagKeys) WithDefaults() TagKeys {
+	d := DefaultTagKeys()
+	for _, f := range []struct{ v, def *string }{
+		{&k.Managed, &d.Managed}, {&k.Cluster, &d.Cluster}, {&k.PodNamespace, &d.PodNamespace},
+		{&k.PodName, &d.PodName}, {&k.PodUID, &d.PodUID},
+	} {
+		if *f.v == "" {
+			*f.v = *f.def
+		}
+	}
+	return k
+}
+
+// DefaultLogGroup is the exit log group of a cluster's Reaper deployment,
+// the one its construct creates and subscribes to: log group names are
+// unique in an account and region, and each deployment's agent policy
+// covers its own group only, so one cluster's hosts cannot write another
+// cluster's exit lines.
+func DefaultLogGroup(cluster string) string { return "/reaper/" + cluster + "/exits" }

@@ -1,0 +1,56 @@
+package model
+
+import "testing"
+
+func TestStateRankOrdersALifecycle(t *testing.T) {
+	order := []string{StatePending, StateRunning, StateStopping, StateStopped, StateShuttingDown, StateTerminated}
+	for i := 1; i < len(order); i++ {
+		if StateRank(order[i-1]) >= StateRank(order[i]) {
+			t.Errorf("%s does not rank before %s", order[i-1], order[i])
+		}
+	}
+	for _, s := range order {
+		if !KnownState(s) {
+			t.Errorf("%s is not known", s)
+		}
+	}
+	if KnownState("exploded") {
+		t.Error("an unknown state is known")
+	}
+}
+
+func TestGoneAndEnding(t *testing.T) {
+	for _, tc := range []struct {
+		state        string
+		gone, ending bool
+	}{
+		{StatePending, false, false}, {StateRunning, false, false},
+		{StateStopping, true, false}, {StateStopped, true, false},
+		{StateShuttingDown, true, true}, {StateTerminated, true, true},
+	} {
+		if IsGone(tc.state) != tc.gone || IsEnding(tc.state) != tc.ending {
+			t.Errorf("%s: gone %v ending %v, want %v %v", tc.state, IsGone(tc.state), IsEnding(tc.state), tc.gone, tc.ending)
+		}
+	}
+}
+
+func TestOutcomeKeys(t *testing.T) {
+	if k := (Outcome{Exit: &Exit{RestartCount: 3}}).Key(); k != "exit/3" {
+		t.Errorf("exit key %q", k)
+	}
+	if k := (Outcome{Lost: &Gone{}}).Key(); k != OutcomeLost {
+		t.Errorf("lost key %q", k)
+	}
+	if (Outcome{Exit: &Exit{WillRestart: true}}).Terminal() || !(Outcome{Lost: &Gone{}}).Terminal() {
+		t.Error("Terminal: a restart ends nothing, a lost instance ends the Pod")
+	}
+}
+
+func TestTagKeysWithDefaults(t *testing.T) {
+	got := TagKeys{PodUID: "example.com/uid"}.WithDefaults()
+	want := DefaultTagKeys()
+	want.PodUID = "example.com/uid"
+	if got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
