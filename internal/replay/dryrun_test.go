@@ -57,6 +57,8 @@ func TestDryRunDecidesAsTheRealRun(t *testing.T) {
 		// after is how long after the seed the final batch comes.
 		after time.Duration
 		want  []string
+		// same: the real run, too, leaves the world as it was.
+		same bool
 	}{
 		{name: "exit", final: func(id string, pod model.PodRef) []workqueue.Message {
 			return []workqueue.Message{workqueue.Exit(id, pod, model.Exit{Container: "main", FinishedAt: start})}
@@ -67,7 +69,7 @@ func TestDryRunDecidesAsTheRealRun(t *testing.T) {
 			return []workqueue.Message{workqueue.State(id, model.StateRunning, start.Add(2*time.Second))}
 		}, final: func(id string, _ model.PodRef) []workqueue.Message {
 			return []workqueue.Message{workqueue.State(id, model.StateStopped, start.Add(time.Second))}
-		}, want: []string{"ledger state running"}},
+		}, want: []string{"ledger state running"}, same: true},
 		{name: "stopped", world: func(id string, _ *corev1.Pod) { lab.Stack.EC2.SetState(id, ec2server.Stopped) },
 			final: func(id string, _ model.PodRef) []workqueue.Message {
 				return []workqueue.Message{workqueue.State(id, model.StateStopped, start)}
@@ -80,9 +82,10 @@ func TestDryRunDecidesAsTheRealRun(t *testing.T) {
 		{name: "claim for another Pod", final: func(id string, pod model.PodRef) []workqueue.Message {
 			pod.UID = "00000000-0000-0000-0000-0000000f0123"
 			return []workqueue.Message{workqueue.Exit(id, pod, model.Exit{Container: "main", FinishedAt: start})}
-		}},
+		}, same: true},
 		{name: "orphan", world: func(_ string, pod *corev1.Pod) {
-			if err := lab.Stack.Kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+			// No kubelet confirms a graceful deletion on the virtual node.
+			if err := lab.Stack.Kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
 				t.Fatal(err)
 			}
 		}, final: func(id string, _ model.PodRef) []workqueue.Message { return []workqueue.Message{workqueue.Orphan(id)} },
@@ -124,8 +127,8 @@ func TestDryRunDecidesAsTheRealRun(t *testing.T) {
 			if !slices.Equal(real.list(), tc.want) {
 				t.Fatalf("decided %q, want %q", real.list(), tc.want)
 			}
-			if len(tc.want) > 0 && snapshot() == before {
-				t.Fatalf("the real run changed nothing: %s", before)
+			if after := snapshot(); (after == before) != tc.same {
+				t.Fatalf("the real run left the world the same: %v, want %v\nbefore %s\nafter  %s", after == before, tc.same, before, after)
 			}
 		})
 	}
