@@ -196,7 +196,7 @@ func (w *world) baseline(ctx context.Context, n int, scale float64) (*baselineRe
 	before := len(w.stack.EC2.Calls())
 	bar := replay.NewProgress(os.Stderr, "baseline", n)
 	var done, failures atomic.Int64
-	stopBar := showProgress(bar, n, func() (int, string) {
+	stopBar := bar.Follow(func() (int, string) {
 		return int(done.Load()), fmt.Sprintf("exits done, %d invocations failed and retried", failures.Load())
 	})
 	next := make(chan string)
@@ -237,23 +237,10 @@ func (w *world) baseline(ctx context.Context, n int, scale float64) (*baselineRe
 	wg.Wait()
 	stopBar()
 	res.failures = int(failures.Load())
-	res.ec2, res.refused = map[string]int{}, map[string]int{}
-	first := map[string]time.Time{}
-	for _, c := range w.stack.EC2.Calls()[before:] {
-		res.ec2[c.Action]++
-		if c.Refused {
-			res.refused[c.Action]++
-		}
-		if c.Action == "TerminateInstances" && c.ErrorCode == "" {
-			for _, id := range c.InstanceIDs {
-				if _, ok := first[id]; !ok {
-					first[id] = c.Time
-				}
-			}
-		}
-	}
+	tally := w.stack.EC2.TallySince(before)
+	res.ec2, res.refused = tally.Requests, tally.Refused
 	for _, id := range res.ids {
-		t, ok := first[id]
+		t, ok := tally.FirstTerminated[id]
 		if !ok {
 			return nil, fmt.Errorf("baseline: instance %s never terminated", id)
 		}
@@ -265,33 +252,6 @@ func (w *world) baseline(ctx context.Context, n int, scale float64) (*baselineRe
 		}
 	}
 	return res, nil
-}
-
-// showProgress shows what state says on bar (of total steps) four times a
-// second until the returned stop is called, which shows the last step.
-func showProgress(bar *replay.Progress, total int, state func() (done int, what string)) (stop func()) {
-	quit, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-tick.C:
-				done, what := state()
-				// The indicator ends with its last step, in stop.
-				bar.Step(min(done, total-1), what)
-			}
-		}
-	}()
-	return func() {
-		close(quit)
-		<-exited
-		_, what := state()
-		bar.Step(total, what)
-	}
 }
 
 // reportBurst reports the burst and the baseline, and writes the table

@@ -22,8 +22,8 @@ type counts map[string]int
 // are the apiserver's own (leases, say) and the benchmark's (/metrics).
 func (w *world) count(ctx context.Context) (counts, error) {
 	c := counts{}
-	for _, call := range w.stack.EC2.Calls() {
-		c["EC2 "+call.Action]++
+	for action, n := range w.stack.EC2.TallySince(0).Requests {
+		c["EC2 "+action] += n
 	}
 	queue := w.lab.QueueURL[strings.LastIndex(w.lab.QueueURL, "/")+1:]
 	for _, call := range w.stack.SQS.Calls() {

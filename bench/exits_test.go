@@ -138,20 +138,13 @@ func BenchmarkReconciler(b *testing.B) {
 	}
 }
 
-// terminated counts the pass's instances a successful TerminateInstances
-// named.
+// terminated counts the pass's instances a call terminated
+// (ec2server.Call.Terminated).
 func terminated(w *world, p *pass) int {
-	seen := map[string]bool{}
-	for _, c := range w.stack.EC2.Calls() {
-		if c.Action == "TerminateInstances" && c.ErrorCode == "" {
-			for _, id := range c.InstanceIDs {
-				seen[id] = true
-			}
-		}
-	}
+	first := w.stack.EC2.TallySince(0).FirstTerminated
 	n := 0
 	for _, id := range p.ids {
-		if seen[id] {
+		if _, ok := first[id]; ok {
 			n++
 		}
 	}

@@ -6,17 +6,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/localstack"
-	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/internal/sqsserver"
 )
 
@@ -25,13 +22,9 @@ import (
 // would deliver. Exits are one-shot, so every pass gets fresh ones.
 type pass struct {
 	ns       string
-	pods     []*corev1.Pod
 	ids      []string
 	payloads [][]byte
 }
-
-// fixtureWorkers bounds concurrent fixture writes to the apiserver.
-const fixtureWorkers = 16
 
 // prepare creates n exits (exit code 0) in a namespace of their own.
 func (w *world) prepare(ctx context.Context, n int) (*pass, error) {
@@ -39,42 +32,15 @@ func (w *world) prepare(ctx context.Context, n int) (*pass, error) {
 	w.passes++
 	seq := w.passes
 	w.mu.Unlock()
-	p := &pass{
-		ns:       fmt.Sprintf("bench-%03d", seq),
-		pods:     make([]*corev1.Pod, n),
-		ids:      make([]string, n),
-		payloads: make([][]byte, n),
-	}
-	if err := w.stack.EnsureNamespaces(ctx, p.ns); err != nil {
+	p := &pass{ns: fmt.Sprintf("bench-%03d", seq)}
+	exits, err := w.lab.CreateExits(ctx, p.ns, n, func(i int) (string, string, int) {
+		return fmt.Sprintf("exit-%04d", i), fmt.Sprintf("i-0be4c%06x%06x", seq, i), 0
+	}, nil)
+	if err != nil {
 		return nil, err
 	}
-	next := make(chan int)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for range fixtureWorkers {
-		wg.Go(func() {
-			for i := range next {
-				pod, err := w.lab.RunningPod(ctx, p.ns, fmt.Sprintf("exit-%04d", i), corev1.RestartPolicyNever)
-				if err != nil {
-					errs[i] = err
-					continue
-				}
-				id := fmt.Sprintf("i-0be4c%06x%06x", seq, i)
-				w.lab.AddInstance(id, pod, true)
-				p.pods[i], p.ids[i] = pod, id
-				p.payloads[i], errs[i] = replay.ExitPayload(id, pod, 0, i)
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	for _, e := range exits {
+		p.ids, p.payloads = append(p.ids, e.InstanceID), append(p.payloads, e.Payload)
 	}
 	return p, nil
 }

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -90,9 +89,9 @@ const initPartStarts = 9
 
 // BenchmarkInitParts attributes the functions' init: hello-world
 // bootstraps that link part of their dependencies (the SDK clients of each
-// function, the core/v1 REST client) or all of them without calling
-// the wiring (bench/testdata/initparts), the exitrecorder with the default
-// GC, and the two functions.
+// function, the core/v1 REST client) or all of them without calling the
+// wiring (bench/testdata/hello built with a tag), the exitrecorder with the
+// default GC, and the two functions.
 func BenchmarkInitParts(b *testing.B) {
 	b.StopTimer()
 	env, bins, payloads := coldStartSetup(b)
@@ -551,8 +550,9 @@ var built struct {
 }
 
 // buildBootstraps builds the exitrecorder, statechange and reconciler
-// (replay.Build, as `make build` does) and, with the same flags, bench/testdata/hello and the
-// bench/testdata/initparts bootstraps, once per run.
+// (replay.Build, as `make build` does) and, the same way,
+// bench/testdata/hello: plain, and with each tag that links more packages,
+// under the tag's name. It builds them once per run.
 func buildBootstraps(b *testing.B) map[string]string {
 	b.Helper()
 	if built.bins != nil {
@@ -568,19 +568,16 @@ func buildBootstraps(b *testing.B) map[string]string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for name, pkg := range map[string]string{
-		"hello":         "./bench/testdata/hello",
-		"recordersdk":   "./bench/testdata/initparts/recordersdk",
-		"reconcilersdk": "./bench/testdata/initparts/reconcilersdk",
-		"corev1rest":    "./bench/testdata/initparts/corev1rest",
-		"deps":          "./bench/testdata/initparts/deps",
+	for name, tags := range map[string][]string{
+		"hello":         nil,
+		"recordersdk":   {"recordersdk"},
+		"reconcilersdk": {"reconcilersdk"},
+		"corev1rest":    {"corev1rest"},
+		"deps":          {"deps"},
 	} {
 		bin := filepath.Join(dir, name, "bootstrap")
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-tags", "lambda.norpc", "-ldflags=-s -w", "-o", bin, pkg)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("build %s: %v\n%s", pkg, err, out)
+		if err := replay.BuildBootstrap(ctx, root, bin, "./bench/testdata/hello", tags...); err != nil {
+			b.Fatal(err)
 		}
 		bins[name] = bin
 	}

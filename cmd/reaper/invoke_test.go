@@ -33,16 +33,20 @@ func TestInvoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lab := startLab(ctx, t, root)
+	lab, stop, err := replay.StartLab(ctx, localstack.Options{}, invokeTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
 	t.Run("events", func(t *testing.T) { testEvents(ctx, t, lab, root) })
 	t.Run("keep-time", func(t *testing.T) { testKeepTime(ctx, t, lab, root) })
 	t.Run("function-error", func(t *testing.T) { testFunctionError(ctx, t, lab, root) })
 	if t.Failed() {
 		for name, f := range lab.Functions {
-			t.Logf("%s output (tail):\n%s", name, tailLines(f.Logs(), 30))
+			t.Logf("%s output (tail):\n%s", name, replay.Tail(f.Logs(), 30))
 		}
 		for i, f := range lab.Reconcilers[1:] {
-			t.Logf("reconciler %d output (tail):\n%s", i+2, tailLines(f.Logs(), 30))
+			t.Logf("reconciler %d output (tail):\n%s", i+2, replay.Tail(f.Logs(), 30))
 		}
 	}
 }
@@ -69,7 +73,7 @@ func testEvents(ctx context.Context, t *testing.T, lab *replay.Lab, root string)
 			if got, err := pickFunction(fn, event, file); err != nil || got != fn {
 				t.Fatalf("pickFunction = %q, %v; want %s", got, err, fn)
 			}
-			inv, err := invokeEvent(ctx, lab, fn, event, invokeOptions{Progress: t.Logf})
+			inv, err := lab.InvokeEvent(ctx, fn, event, replay.SeedOptions{Progress: t.Logf})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -83,7 +87,7 @@ func testEvents(ctx context.Context, t *testing.T, lab *replay.Lab, root string)
 			check(t, inv)
 			if t.Failed() {
 				var out bytes.Buffer
-				inv.print(&out, true)
+				printInvocation(&out, inv, true)
 				t.Logf("reaper invoke would print:\n%s", out.String())
 			}
 		})
@@ -100,33 +104,33 @@ const (
 // expectations follow the "Expected outcome" column of events/README.md:
 // the function's response, then the effects once the reconciler has done
 // the queued work.
-var expectations = map[string]func(*testing.T, *invocation){
-	"exitrecorder/exit-0.json": func(t *testing.T, inv *invocation) {
+var expectations = map[string]func(*testing.T, *replay.Invocation){
+	"exitrecorder/exit-0.json": func(t *testing.T, inv *replay.Invocation) {
 		wantExit(t, inv, 1, 1, 0)
 		wantPod(t, inv, corev1.PodSucceeded, 0, "Completed", 0)
 		wantInstance(t, inv, ec2server.Terminated)
-		wantTerminated(t, inv, sampleInstanceID)
+		wantTerminated(t, inv, replay.SampleInstanceID)
 		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Patched: 1, Terminated: 1})
 	},
-	"exitrecorder/exit-1.json": func(t *testing.T, inv *invocation) {
+	"exitrecorder/exit-1.json": func(t *testing.T, inv *replay.Invocation) {
 		wantExit(t, inv, 1, 1, 0)
 		wantPod(t, inv, corev1.PodFailed, 1, "Error", 0)
 		wantInstance(t, inv, ec2server.Terminated)
-		wantTerminated(t, inv, sampleInstanceID)
+		wantTerminated(t, inv, replay.SampleInstanceID)
 	},
-	"exitrecorder/oom.json": func(t *testing.T, inv *invocation) {
+	"exitrecorder/oom.json": func(t *testing.T, inv *replay.Invocation) {
 		wantExit(t, inv, 1, 1, 0)
 		wantPod(t, inv, corev1.PodFailed, 137, "OOMKilled", 0)
 		wantInstance(t, inv, ec2server.Terminated)
-		wantTerminated(t, inv, sampleInstanceID)
+		wantTerminated(t, inv, replay.SampleInstanceID)
 	},
-	"exitrecorder/batch.json": func(t *testing.T, inv *invocation) {
+	"exitrecorder/batch.json": func(t *testing.T, inv *replay.Invocation) {
 		wantExit(t, inv, 3, 2, 1)
 		wantPod(t, inv, corev1.PodSucceeded, 0, "Completed", 1)
 		wantInstance(t, inv, ec2server.Terminated)
-		wantTerminated(t, inv, sampleInstanceID)
+		wantTerminated(t, inv, replay.SampleInstanceID)
 	},
-	"exitrecorder/control.json": func(t *testing.T, inv *invocation) {
+	"exitrecorder/control.json": func(t *testing.T, inv *replay.Invocation) {
 		if sum := decode[intake.ExitSummary](t, inv); !reflect.DeepEqual(sum, intake.ExitSummary{}) {
 			t.Errorf("response %+v, want nothing done", sum)
 		}
@@ -136,7 +140,7 @@ var expectations = map[string]func(*testing.T, *invocation){
 		wantBatches(t, inv, reaper.BatchSummary{})
 		wantTerminated(t, inv)
 	},
-	"statechange/running.json": func(t *testing.T, inv *invocation) {
+	"statechange/running.json": func(t *testing.T, inv *replay.Invocation) {
 		wantStateChange(t, inv, "running", false)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.Running)
@@ -147,33 +151,33 @@ var expectations = map[string]func(*testing.T, *invocation){
 	},
 	// The instance stopped: the window opens and, with the default
 	// REAPER_TERMINATE_STOPPED, the instance is terminated.
-	"statechange/stopping.json": func(t *testing.T, inv *invocation) {
+	"statechange/stopping.json": func(t *testing.T, inv *replay.Invocation) {
 		wantStateChange(t, inv, "stopping", true)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.Terminated)
-		wantTerminated(t, inv, sampleInstanceID)
+		wantTerminated(t, inv, replay.SampleInstanceID)
 	},
-	"statechange/stopped.json": func(t *testing.T, inv *invocation) {
+	"statechange/stopped.json": func(t *testing.T, inv *replay.Invocation) {
 		wantStateChange(t, inv, "stopped", true)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.Terminated)
-		wantTerminated(t, inv, sampleInstanceID)
+		wantTerminated(t, inv, replay.SampleInstanceID)
 		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Terminated: 1})
 	},
 	// EC2 is ending the instance itself: only the window opens.
-	"statechange/shutting-down.json": func(t *testing.T, inv *invocation) {
+	"statechange/shutting-down.json": func(t *testing.T, inv *replay.Invocation) {
 		wantStateChange(t, inv, "shutting-down", true)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.ShuttingDown)
 		wantTerminated(t, inv)
 	},
-	"statechange/terminated.json": func(t *testing.T, inv *invocation) {
+	"statechange/terminated.json": func(t *testing.T, inv *replay.Invocation) {
 		wantStateChange(t, inv, "terminated", true)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.Terminated)
 		wantTerminated(t, inv)
 	},
-	"sweeper/scheduled.json": func(t *testing.T, inv *invocation) {
+	"sweeper/scheduled.json": func(t *testing.T, inv *replay.Invocation) {
 		// Earlier calls' instances may still be listed: the count that
 		// says what the sweep did is of orphans.
 		sum := decode[reaper.SweepSummary](t, inv)
@@ -181,39 +185,39 @@ var expectations = map[string]func(*testing.T, *invocation){
 			t.Errorf("response %+v, want the one seeded orphan found", sum)
 		}
 		wantInstance(t, inv, ec2server.Terminated)
-		wantTerminated(t, inv, sampleInstanceID)
+		wantTerminated(t, inv, replay.SampleInstanceID)
 		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Orphans: 1})
 	},
-	"reconciler/exit-claim.json": func(t *testing.T, inv *invocation) {
+	"reconciler/exit-claim.json": func(t *testing.T, inv *replay.Invocation) {
 		wantNoFailures(t, inv)
 		wantPod(t, inv, corev1.PodSucceeded, 0, "Completed", 0)
 		wantInstance(t, inv, ec2server.Terminated)
-		wantTerminated(t, inv, sampleInstanceID)
+		wantTerminated(t, inv, replay.SampleInstanceID)
 		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Patched: 1, Terminated: 1})
 		if rec := inv.Instances[0].Record; rec == nil || rec.Unverified || rec.Exit == nil || rec.Pending != "" {
 			t.Errorf("ledger record %+v, want the claim recorded verified and settled", rec)
 		}
 	},
-	"reconciler/state-change.json": func(t *testing.T, inv *invocation) {
+	"reconciler/state-change.json": func(t *testing.T, inv *replay.Invocation) {
 		wantNoFailures(t, inv)
 		wantPod(t, inv, corev1.PodRunning, -1, "", 0)
 		wantInstance(t, inv, ec2server.Terminated)
-		wantTerminated(t, inv, sampleInstanceID)
+		wantTerminated(t, inv, replay.SampleInstanceID)
 		wantWindow(t, inv.Instances[0])
 		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Terminated: 1})
 	},
 	// One lookup for both instances, both Pods written, and one terminate
 	// of the instance EC2 is not already ending.
-	"reconciler/mixed.json": func(t *testing.T, inv *invocation) {
+	"reconciler/mixed.json": func(t *testing.T, inv *replay.Invocation) {
 		wantNoFailures(t, inv)
 		if len(inv.Pods) != 2 || len(inv.Instances) != 2 {
 			t.Fatalf("seeded %+v and %+v, want two Pods and two instances", inv.Pods, inv.Instances)
 		}
-		wantPodNamed(t, inv, samplePod, corev1.PodSucceeded, 0, "Completed", 0)
+		wantPodNamed(t, inv, replay.SamplePod, corev1.PodSucceeded, 0, "Completed", 0)
 		wantPodNamed(t, inv, secondPod, corev1.PodFailed, 137, "OOMKilled", 0)
-		wantInstanceNamed(t, inv, sampleInstanceID, ec2server.Terminated)
+		wantInstanceNamed(t, inv, replay.SampleInstanceID, ec2server.Terminated)
 		wantInstanceNamed(t, inv, secondInstanceID, ec2server.ShuttingDown)
-		wantTerminated(t, inv, sampleInstanceID)
+		wantTerminated(t, inv, replay.SampleInstanceID)
 		wantBatches(t, inv, reaper.BatchSummary{Messages: 4, Instances: 2, Lookups: 2, Reconciled: 2, Patched: 2, Terminated: 1})
 	},
 }
@@ -234,7 +238,7 @@ func testKeepTime(ctx context.Context, t *testing.T, lab *replay.Lab, root strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := invokeEvent(ctx, lab, "statechange", old, invokeOptions{KeepTime: true, Progress: t.Logf})
+	inv, err := lab.InvokeEvent(ctx, "statechange", old, replay.SeedOptions{KeepTime: true, Progress: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +273,7 @@ func testFunctionError(ctx context.Context, t *testing.T, lab *replay.Lab, root 
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := invokeEvent(ctx, &broken, "exitrecorder", raw, invokeOptions{Progress: t.Logf})
+	inv, err := broken.InvokeEvent(ctx, "exitrecorder", raw, replay.SeedOptions{Progress: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +281,7 @@ func testFunctionError(ctx context.Context, t *testing.T, lab *replay.Lab, root 
 		t.Fatalf("function error %v, want the missing table", inv.Err)
 	}
 	var out bytes.Buffer
-	inv.print(&out, false)
+	printInvocation(&out, inv, false)
 	for _, want := range []string{"what happened (error ", "pod default/sample-job", "Running → Running", "what the reconciler did:\n  nothing: no work was queued",
 		"function log:", "ResourceNotFoundException", "REPORT RequestId:"} {
 		if !strings.Contains(out.String(), want) {
@@ -351,27 +355,7 @@ func TestInvokeArgs(t *testing.T) {
 	}
 }
 
-// startLab builds the four functions, starts a stack and runs them on it.
-func startLab(ctx context.Context, t *testing.T, root string) *replay.Lab {
-	t.Helper()
-	bins, err := replay.Build(ctx, root, t.TempDir(), replay.Functions...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stack, err := localstack.Start(ctx, localstack.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stack.Stop)
-	lab, err := replay.NewLab(ctx, stack, invokeTable, bins)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lab.Stop)
-	return lab
-}
-
-func decode[T any](t *testing.T, inv *invocation) T {
+func decode[T any](t *testing.T, inv *replay.Invocation) T {
 	t.Helper()
 	var v T
 	if err := json.Unmarshal(inv.Response, &v); err != nil {
@@ -382,10 +366,10 @@ func decode[T any](t *testing.T, inv *invocation) T {
 
 // wantExit checks the exitrecorder's response: the sample Pod's one claim
 // queued.
-func wantExit(t *testing.T, inv *invocation, lines, recorded, rejected int) {
+func wantExit(t *testing.T, inv *replay.Invocation, lines, recorded, rejected int) {
 	t.Helper()
 	sum := decode[intake.ExitSummary](t, inv)
-	want := intake.ExitSummary{InstanceID: sampleInstanceID, Lines: lines, Recorded: recorded, Queued: 1, Rejected: rejected}
+	want := intake.ExitSummary{InstanceID: replay.SampleInstanceID, Lines: lines, Recorded: recorded, Queued: 1, Rejected: rejected}
 	sum.RejectedFor = nil // the reasons are the parser's and the trust check's to test
 	if !reflect.DeepEqual(sum, want) {
 		t.Errorf("response %+v, want %+v", sum, want)
@@ -395,10 +379,10 @@ func wantExit(t *testing.T, inv *invocation, lines, recorded, rejected int) {
 // wantStateChange checks that the state change was queued and, for a gone
 // state, that the reconciler recorded it with the event moved to now, so
 // the window opens now.
-func wantStateChange(t *testing.T, inv *invocation, state string, gone bool) {
+func wantStateChange(t *testing.T, inv *replay.Invocation, state string, gone bool) {
 	t.Helper()
 	sum := decode[intake.StateSummary](t, inv)
-	if sum != (intake.StateSummary{InstanceID: sampleInstanceID, State: state, Queued: true}) {
+	if sum != (intake.StateSummary{InstanceID: replay.SampleInstanceID, State: state, Queued: true}) {
 		t.Errorf("response %+v, want state %s queued, nothing skipped", sum, state)
 	}
 	if len(inv.Instances) != 1 {
@@ -413,7 +397,7 @@ func wantStateChange(t *testing.T, inv *invocation, state string, gone bool) {
 
 // wantWindow checks that the instance's exit-wait window opened about now:
 // the functions run with the default 3-minute window.
-func wantWindow(t *testing.T, i instanceView) {
+func wantWindow(t *testing.T, i replay.InstanceView) {
 	t.Helper()
 	if d := time.Until(i.WaitUntil); d < 2*time.Minute || d > 4*time.Minute {
 		t.Errorf("instance %s: exit-wait window open until %s, %s away; want about 3m (record %+v)", i.ID, i.WaitUntil, d.Round(time.Second), i.Record)
@@ -421,7 +405,7 @@ func wantWindow(t *testing.T, i instanceView) {
 }
 
 // wantNoFailures checks the reconciler's response to a direct batch.
-func wantNoFailures(t *testing.T, inv *invocation) {
+func wantNoFailures(t *testing.T, inv *replay.Invocation) {
 	t.Helper()
 	if resp := decode[events.SQSEventResponse](t, inv); len(resp.BatchItemFailures) != 0 {
 		t.Errorf("batch item failures %+v, want none", resp.BatchItemFailures)
@@ -430,7 +414,7 @@ func wantNoFailures(t *testing.T, inv *invocation) {
 
 // wantBatches checks what the reconciler's batches came to, summed: the
 // mapping may split the queued work in several.
-func wantBatches(t *testing.T, inv *invocation, want reaper.BatchSummary) {
+func wantBatches(t *testing.T, inv *replay.Invocation, want reaper.BatchSummary) {
 	t.Helper()
 	var got reaper.BatchSummary
 	for _, b := range inv.Batches {
@@ -454,7 +438,7 @@ func wantBatches(t *testing.T, inv *invocation, want reaper.BatchSummary) {
 
 // wantTerminated checks the instances of the accepted TerminateInstances
 // calls.
-func wantTerminated(t *testing.T, inv *invocation, ids ...string) {
+func wantTerminated(t *testing.T, inv *replay.Invocation, ids ...string) {
 	t.Helper()
 	if !slices.Equal(inv.Terminated, ids) {
 		t.Errorf("TerminateInstances of %v, want %v", inv.Terminated, ids)
@@ -463,20 +447,20 @@ func wantTerminated(t *testing.T, inv *invocation, ids ...string) {
 
 // wantPod checks the one seeded Pod, the sample Pod; exitCode -1 wants
 // none.
-func wantPod(t *testing.T, inv *invocation, phase corev1.PodPhase, exitCode int32, reason string, restarts int32) {
+func wantPod(t *testing.T, inv *replay.Invocation, phase corev1.PodPhase, exitCode int32, reason string, restarts int32) {
 	t.Helper()
 	if len(inv.Pods) != 1 {
 		t.Fatalf("seeded Pods %+v, want the sample Pod", inv.Pods)
 	}
-	wantPodNamed(t, inv, samplePod, phase, exitCode, reason, restarts)
+	wantPodNamed(t, inv, replay.SamplePod, phase, exitCode, reason, restarts)
 }
 
 // wantPodNamed checks the seeded Pod default/name.
-func wantPodNamed(t *testing.T, inv *invocation, name string, phase corev1.PodPhase, exitCode int32, reason string, restarts int32) {
+func wantPodNamed(t *testing.T, inv *replay.Invocation, name string, phase corev1.PodPhase, exitCode int32, reason string, restarts int32) {
 	t.Helper()
-	i := slices.IndexFunc(inv.Pods, func(p podView) bool { return p.Namespace == sampleNamespace && p.Name == name })
+	i := slices.IndexFunc(inv.Pods, func(p replay.PodView) bool { return p.Namespace == replay.SampleNamespace && p.Name == name })
 	if i < 0 {
-		t.Fatalf("seeded Pods %+v, want %s/%s", inv.Pods, sampleNamespace, name)
+		t.Fatalf("seeded Pods %+v, want %s/%s", inv.Pods, replay.SampleNamespace, name)
 	}
 	p := inv.Pods[i]
 	got := int32(-1)
@@ -484,29 +468,24 @@ func wantPodNamed(t *testing.T, inv *invocation, name string, phase corev1.PodPh
 		got = *p.ExitCode
 	}
 	if p.Gone || p.Phase != phase || got != exitCode || p.Reason != reason || p.Restarts != restarts {
-		t.Errorf("pod %s/%s: %s; want %s, exit code %d, reason %q, restarts %d", p.Namespace, p.Name, p.after(), phase, exitCode, reason, restarts)
+		t.Errorf("pod %s/%s: %s; want %s, exit code %d, reason %q, restarts %d", p.Namespace, p.Name, podAfter(p), phase, exitCode, reason, restarts)
 	}
 }
 
 // wantInstance checks the one seeded instance, the sample instance.
-func wantInstance(t *testing.T, inv *invocation, state ec2server.State) {
+func wantInstance(t *testing.T, inv *replay.Invocation, state ec2server.State) {
 	t.Helper()
 	if len(inv.Instances) != 1 {
 		t.Fatalf("seeded instances %+v, want the sample instance", inv.Instances)
 	}
-	wantInstanceNamed(t, inv, sampleInstanceID, state)
+	wantInstanceNamed(t, inv, replay.SampleInstanceID, state)
 }
 
 // wantInstanceNamed checks the state of the seeded instance id.
-func wantInstanceNamed(t *testing.T, inv *invocation, id string, state ec2server.State) {
+func wantInstanceNamed(t *testing.T, inv *replay.Invocation, id string, state ec2server.State) {
 	t.Helper()
-	i := slices.IndexFunc(inv.Instances, func(i instanceView) bool { return i.ID == id })
+	i := slices.IndexFunc(inv.Instances, func(i replay.InstanceView) bool { return i.ID == id })
 	if i < 0 || inv.Instances[i].After != state {
 		t.Errorf("instances %+v, want %s %s", inv.Instances, id, state)
 	}
-}
-
-func tailLines(s string, n int) string {
-	lines := strings.SplitAfter(s, "\n")
-	return strings.Join(lines[max(0, len(lines)-n-1):], "")
 }

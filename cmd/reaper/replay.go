@@ -34,29 +34,14 @@ func runReplay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "reaper-replay-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-
 	fmt.Println("building the functions and starting the local stack (etcd, kube-apiserver, dynalite, EC2 and SQS test servers)…")
-	bins, err := replay.Build(ctx, root, filepath.Join(dir, "build"), replay.Functions...)
+	lab, stop, err := replay.StartLab(ctx, localstack.Options{}, "reaper-ledger", "REAPER_EXIT_WAIT="+exitWait.String())
 	if err != nil {
 		return err
 	}
-	stack, err := localstack.Start(ctx, localstack.Options{})
-	if err != nil {
-		return err
-	}
-	defer stack.Stop()
-	lab, err := replay.NewLab(ctx, stack, "reaper-ledger", bins, "REAPER_EXIT_WAIT="+exitWait.String())
-	if err != nil {
-		return err
-	}
-	defer lab.Stop()
+	defer stop()
 
-	dir = filepath.Join(root, *recordings)
+	dir := filepath.Join(root, *recordings)
 	failed := false
 	for _, run := range []func() (replay.Result, error){
 		func() (replay.Result, error) { return lab.Replicas30(ctx, dir, os.Stderr) },

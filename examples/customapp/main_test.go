@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 
@@ -13,24 +12,12 @@ import (
 	"github.com/reaper-k8s/reaper/infra/iamcheck"
 )
 
-var buildDir string
-
-func TestMain(m *testing.M) {
-	dir, err := cdktest.FakeBuildDir()
-	if err != nil {
-		panic(err)
-	}
-	buildDir = dir
-	code := m.Run()
-	jsii.Close()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { cdktest.Main(m) }
 
 // TestCustomApp builds this app's stack and finds its non-default settings
 // in the template.
 func TestCustomApp(t *testing.T) {
-	stack, r := newStack(cdktest.NewApp(t, nil), buildDir)
+	stack, r := newStack(cdktest.NewApp(t, nil), cdktest.BuildDir())
 	tmpl := cdktest.Template(t, stack)
 	secret := "arn:aws:secretsmanager:eu-west-1:123456789012:secret:gpu-pods/kubeconfig-AbCdEf"
 	cdktest.Must(t, func() {
@@ -103,6 +90,6 @@ func TestCustomApp(t *testing.T) {
 // TestNag runs cdk-nag's AwsSolutions checks on this app's stack: the
 // construct's suppressions cover it (the app's own role raises nothing).
 func TestNag(t *testing.T) {
-	stack, _ := newStack(cdktest.NewApp(t, nil), buildDir)
+	stack, _ := newStack(cdktest.NewApp(t, nil), cdktest.BuildDir())
 	cdktest.NagClean(t, stack, cdktest.ReaperNagSuppressions("GpuPods", "Reaper", "/gpu-pods/exits"))
 }

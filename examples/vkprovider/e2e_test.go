@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -62,54 +61,32 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code, err := run(m)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "vkprovider e2e:", err)
-		os.Exit(1)
-	}
-	os.Exit(code)
+	env := []string{"REAPER_EXIT_WAIT=" + exitWait.String(), "REAPER_ORPHAN_GRACE=1m"}
+	stack := localstack.Options{Controllers: []string{"job-controller"}}
+	replay.RunTests(10*time.Minute, stack, "reaper-ledger", env, func(ctx context.Context, l *replay.Lab) (int, error) {
+		lab = l
+		return run(ctx, m)
+	})
 }
 
-func run(m *testing.M) (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	root, err := replay.ModuleRoot()
-	if err != nil {
-		return 0, err
-	}
-	dir, err := os.MkdirTemp("", "reaper-vkprovider-")
-	if err != nil {
-		return 0, err
-	}
-	defer os.RemoveAll(dir)
-	bins, err := replay.Build(ctx, root, filepath.Join(dir, "build"), replay.Functions...)
-	if err != nil {
-		return 0, err
-	}
-	stack, err := localstack.Start(ctx, localstack.Options{Controllers: []string{"job-controller"}})
-	if err != nil {
-		return 0, err
-	}
-	defer stack.Stop()
-	lab, err = replay.NewLab(ctx, stack, "reaper-ledger", bins, "REAPER_EXIT_WAIT="+exitWait.String(), "REAPER_ORPHAN_GRACE=1m")
-	if err != nil {
-		return 0, err
-	}
-	defer lab.Stop()
-	dryLab, err = replay.NewLabWith(ctx, stack, "reaper-ledger-dry-run",
-		map[string]string{"exitrecorder": bins["exitrecorder"], "reconciler": bins["reconciler"]},
+// run starts the dry-run lab and the provider on the shared lab's stack and
+// runs the tests.
+func run(ctx context.Context, m *testing.M) (int, error) {
+	var err error
+	dryLab, err = replay.NewLabWith(ctx, lab.Stack, "reaper-ledger-dry-run",
+		map[string]string{"exitrecorder": lab.Bootstraps["exitrecorder"], "reconciler": lab.Bootstraps["reconciler"]},
 		replay.LabOptions{Env: []string{"REAPER_DRY_RUN=true", "REAPER_EXIT_WAIT=" + exitWait.String()}, MaxConcurrency: 1})
 	if err != nil {
 		return 0, err
 	}
 	defer dryLab.Stop()
 
-	ec2Client = ec2.NewFromConfig(stack.AWSConfig(ctx))
+	ec2Client = ec2.NewFromConfig(lab.Stack.AWSConfig(ctx))
 	provCtx, stopProvider := context.WithCancel(ctx)
 	provDone := make(chan error, 1)
 	go func() {
 		provDone <- vkprovider.Run(provCtx, vkprovider.Config{
-			NodeName: nodeName, Cluster: localstack.Cluster, Kube: stack.Kube, EC2: ec2Client, Ledger: lab.Ledger,
+			NodeName: nodeName, Cluster: localstack.Cluster, Kube: lab.Stack.Kube, EC2: ec2Client, Ledger: lab.Ledger,
 			ImageID: "ami-0123456789abcdef0", InstanceType: ec2types.InstanceTypeG5Xlarge, StatusSyncPeriod: syncPeriod,
 		})
 	}()

@@ -18,22 +18,10 @@ import (
 	"github.com/reaper-k8s/reaper/infra/iamcheck"
 )
 
-var buildDir string
-
-func TestMain(m *testing.M) {
-	dir, err := cdktest.FakeBuildDir()
-	if err != nil {
-		panic(err)
-	}
-	buildDir = dir
-	code := m.Run()
-	jsii.Close()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { cdktest.Main(m) }
 
 func appWith(t *testing.T, ctx map[string]any) awscdk.App {
-	ctx["buildDir"] = buildDir
+	ctx["buildDir"] = cdktest.BuildDir()
 	return cdktest.NewApp(t, ctx)
 }
 
@@ -277,7 +265,7 @@ func TestCDKSynth(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, cdk, "synth", "--quiet", "--no-lookups", "--output", out,
-		"-c", "eksCluster=demo", "-c", "buildDir="+buildDir)
+		"-c", "eksCluster=demo", "-c", "buildDir="+cdktest.BuildDir())
 	cmd.Dir = root
 	cmd.Env = offlineEnv()
 	start := time.Now()

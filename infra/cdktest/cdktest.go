@@ -6,6 +6,7 @@ package cdktest
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -19,10 +20,10 @@ import (
 	"github.com/reaper-k8s/reaper/infra/reapercdk"
 )
 
-// FakeBuildDir creates a directory with a placeholder build/<name>/bootstrap
+// fakeBuildDir creates a directory with a placeholder build/<name>/bootstrap
 // for every function, so stacks synthesize without `make build`. The caller
 // removes it.
-func FakeBuildDir() (string, error) {
+func fakeBuildDir() (string, error) {
 	dir, err := os.MkdirTemp("", "reaper-build-")
 	if err != nil {
 		return "", err
@@ -39,6 +40,30 @@ func FakeBuildDir() (string, error) {
 	}
 	return dir, nil
 }
+
+// buildDir is the directory Main made.
+var buildDir string
+
+// Main runs a package's tests for its TestMain: it makes a build directory
+// of placeholder bootstraps (fakeBuildDir) for BuildDir, runs the tests,
+// closes jsii's runtime, removes the directory and exits with the tests'
+// code.
+func Main(m *testing.M) {
+	dir, err := fakeBuildDir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	buildDir = dir
+	code := m.Run()
+	jsii.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// BuildDir is the build directory Main made, for the construct's BuildDir
+// or the app's buildDir context: stacks synthesize without `make build`.
+func BuildDir() string { return buildDir }
 
 // NewApp returns an app with the context of the nearest cdk.json (in the
 // working directory or a parent; feature flags included) plus ctx, so that

@@ -29,20 +29,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
-var buildDir string
-
-func TestMain(m *testing.M) {
-	dir, err := cdktest.FakeBuildDir()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	buildDir = dir
-	code := m.Run()
-	jsii.Close()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { cdktest.Main(m) }
 
 // newStack returns a Reaper in a fresh app and stack; customize may add to
 // the stack before synthesis.
@@ -52,7 +39,7 @@ func newStack(t *testing.T, props reapercdk.Props, customize func(awscdk.Stack, 
 	var stack awscdk.Stack
 	cdktest.Must(t, func() {
 		stack = awscdk.NewStack(app, jsii.String("Test"), nil)
-		props.BuildDir = buildDir
+		props.BuildDir = cdktest.BuildDir()
 		r := reapercdk.New(stack, "Reaper", &props)
 		if customize != nil {
 			customize(stack, r)
@@ -966,7 +953,7 @@ func TestNag(t *testing.T) {
 	cdktest.Must(t, func() {
 		stack = awscdk.NewStack(app, jsii.String("Test"), nil)
 		props := allOptions()
-		props.BuildDir = buildDir
+		props.BuildDir = cdktest.BuildDir()
 		reapercdk.New(stack, "Reaper", &props)
 	})
 	r := cdktest.NagClean(t, stack, cdktest.ReaperNagSuppressionsInVPC("Test", "Reaper", "/reaper/prod/exits"))
@@ -988,7 +975,7 @@ func TestNagKnownAccount(t *testing.T) {
 		stack = awscdk.NewStack(app, jsii.String("Test"), &awscdk.StackProps{
 			Env: &awscdk.Environment{Account: jsii.String("123456789012"), Region: jsii.String("eu-west-1")},
 		})
-		reapercdk.New(stack, "Reaper", &reapercdk.Props{EKSCluster: "demo", BuildDir: buildDir})
+		reapercdk.New(stack, "Reaper", &reapercdk.Props{EKSCluster: "demo", BuildDir: cdktest.BuildDir()})
 	})
 	r := cdktest.Nag(t, stack)
 	for _, f := range r.Findings {
@@ -1046,7 +1033,7 @@ func TestValidate(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			if tc.props.BuildDir == "" {
-				tc.props.BuildDir = buildDir
+				tc.props.BuildDir = cdktest.BuildDir()
 			}
 			err := tc.props.Validate()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -1062,7 +1049,7 @@ func TestValidate(t *testing.T) {
 		{EKSCluster: "a", ReconcilerBatchSize: 10, ReconcilerBatchingWindow: 5 * time.Minute, ReconcilerMaxConcurrency: 1000, EC2Share: 1, MaxReceiveCount: 192},
 		{EKSCluster: "a", ReservedConcurrency: 2, MaxReceiveCount: 1, QueueAgeAlarm: time.Minute},
 	} {
-		p.BuildDir = buildDir
+		p.BuildDir = cdktest.BuildDir()
 		if err := p.Validate(); err != nil {
 			t.Fatalf("props %+v: %v", p, err)
 		}
@@ -1079,7 +1066,7 @@ func TestValidate(t *testing.T) {
 			t.Fatalf("New with invalid props: %v", r)
 		}
 	}()
-	reapercdk.New(awscdk.NewStack(cdktest.NewApp(t, nil), jsii.String("Bad"), nil), "Reaper", &reapercdk.Props{BuildDir: buildDir})
+	reapercdk.New(awscdk.NewStack(cdktest.NewApp(t, nil), jsii.String("Bad"), nil), "Reaper", &reapercdk.Props{BuildDir: cdktest.BuildDir()})
 }
 
 // elfBuildDir is a build directory whose bootstraps are ELF headers for the
@@ -1127,7 +1114,7 @@ func TestTwoClustersInOneAccount(t *testing.T) {
 	cdktest.Must(t, func() {
 		for i, c := range clusters {
 			stacks[i] = awscdk.NewStack(app, jsii.String(c.stack), &awscdk.StackProps{Env: env})
-			c.props.BuildDir = buildDir
+			c.props.BuildDir = cdktest.BuildDir()
 			c.props.AlarmEmail = "oncall@example.com"
 			reapercdk.New(stacks[i], "Reaper", &c.props)
 		}

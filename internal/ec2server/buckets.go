@@ -92,15 +92,7 @@ func (s *Server) DisableBuckets() {
 // Refusals returns how many requests for action the token buckets refused
 // since New or ResetCalls.
 func (s *Server) Refusals(action string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, c := range s.calls {
-		if c.Action == action && c.Refused {
-			n++
-		}
-	}
-	return n
+	return s.calls.CountFunc(func(c Call) bool { return c.Action == action && c.Refused })
 }
 
 type buckets struct {

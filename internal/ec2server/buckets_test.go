@@ -14,6 +14,7 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
+	"github.com/reaper-k8s/reaper/internal/callrecord"
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 )
 
@@ -45,7 +46,7 @@ func wantRefused(t *testing.T, err error, what string) {
 	if err == nil {
 		t.Fatalf("%s: accepted, want RequestLimitExceeded", what)
 	}
-	if code := apiCode(t, err); code != "RequestLimitExceeded" {
+	if code := callrecord.APIErrorCode(t, err); code != "RequestLimitExceeded" {
 		t.Fatalf("%s: code %s, want RequestLimitExceeded", what, code)
 	}
 	var re *smithyhttp.ResponseError
@@ -218,7 +219,7 @@ func TestBucketsLeaveOversizedCallInvalid(t *testing.T) {
 	ids := addInstances(srv, 1001)
 	srv.EnableBuckets(ec2server.PublishedLimits(), frozen)
 	err := terminate(context.Background(), client, ids...)
-	if code := apiCode(t, err); code != "InvalidRequest" {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidRequest" {
 		t.Errorf("1,001 ids: code %s, want InvalidRequest", code)
 	}
 	if n := srv.CallCount("TerminateInstances"); n != 1 {

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/reaper-k8s/reaper/internal/callrecord"
 )
 
 const (
@@ -46,7 +48,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 
 	s.mu.Lock()
-	call := Call{Action: action, InstanceIDs: ids, Params: cloneValues(r.Form), Time: now}
+	call := Call{Call: callrecord.Call{Action: action, Time: now}, InstanceIDs: ids, Params: cloneValues(r.Form)}
 	var (
 		body any
 		aerr *apiError
@@ -66,7 +68,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if aerr != nil {
 		call.ErrorCode = aerr.code
 	}
-	s.calls = append(s.calls, call)
+	s.calls.Add(call)
 	s.mu.Unlock()
 
 	if aerr != nil {

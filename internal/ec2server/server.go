@@ -27,6 +27,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/reaper-k8s/reaper/internal/callrecord"
 )
 
 // State is an EC2 instance state name.
@@ -83,15 +85,22 @@ func (i Instance) clone() Instance {
 	return i
 }
 
-// Call is one request the server received.
+// Call is one request the server received. Its Injected says a fault from
+// FailNext or Throttle answered it.
 type Call struct {
-	Action      string
+	callrecord.Call
 	InstanceIDs []string   // InstanceId.N, in request order
 	Params      url.Values // the whole decoded form
-	Time        time.Time
-	ErrorCode   string // EC2 error code of the answer; "" on success
-	Injected    bool   // answered by a fault from FailNext or Throttle
-	Refused     bool   // refused by a token bucket (EnableBuckets)
+	Refused     bool       // refused by a token bucket (EnableBuckets)
+}
+
+// Terminated is the instances the call terminated: those a successful
+// TerminateInstances named, nil for any other call.
+func (c Call) Terminated() []string {
+	if c.Action != "TerminateInstances" || c.ErrorCode != "" {
+		return nil
+	}
+	return c.InstanceIDs
 }
 
 // Server is a fake EC2 endpoint on a loopback httptest server.
@@ -101,10 +110,11 @@ type Server struct {
 	mu        sync.Mutex
 	instances map[string]*record
 	seq       int64 // insertion counter: gives a stable order for pagination
-	calls     []Call
 	faults    []*fault
 	settle    time.Duration
 	buckets   *buckets // nil unless EnableBuckets
+
+	calls callrecord.Record[Call]
 }
 
 type record struct {
@@ -228,36 +238,47 @@ func (s *Server) SetTransitionDelay(d time.Duration) {
 
 // Calls returns a copy of every request received since New or ResetCalls.
 func (s *Server) Calls() []Call {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Call, len(s.calls))
-	for i, c := range s.calls {
-		c.InstanceIDs = slices.Clone(c.InstanceIDs)
-		c.Params = cloneValues(c.Params)
-		out[i] = c
+	out := s.calls.Calls()
+	for i := range out {
+		out[i].InstanceIDs = slices.Clone(out[i].InstanceIDs)
+		out[i].Params = cloneValues(out[i].Params)
 	}
 	return out
 }
 
 // CallCount returns how many requests for action were received, faulted
 // and refused ones included.
-func (s *Server) CallCount(action string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, c := range s.calls {
-		if c.Action == action {
-			n++
-		}
-	}
-	return n
-}
+func (s *Server) CallCount(action string) int { return s.calls.Count(action) }
 
 // ResetCalls forgets the recorded calls. Instances and faults stay.
-func (s *Server) ResetCalls() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.calls = nil
+func (s *Server) ResetCalls() { s.calls.Reset() }
+
+// Tally is what a stretch of the server's calls came to.
+type Tally struct {
+	// Requests counts the calls by action as CallCount does, faulted and
+	// refused ones included; Refused counts those the buckets refused.
+	Requests, Refused map[string]int
+	// FirstTerminated is, by instance, when the first call that terminated
+	// it (Call.Terminated) arrived.
+	FirstTerminated map[string]time.Time
+}
+
+// TallySince tallies the calls from index from of Calls on.
+func (s *Server) TallySince(from int) Tally {
+	t := Tally{Requests: map[string]int{}, Refused: map[string]int{}, FirstTerminated: map[string]time.Time{}}
+	calls := s.calls.Calls()
+	for _, c := range calls[min(from, len(calls)):] {
+		t.Requests[c.Action]++
+		if c.Refused {
+			t.Refused[c.Action]++
+		}
+		for _, id := range c.Terminated() {
+			if _, ok := t.FirstTerminated[id]; !ok {
+				t.FirstTerminated[id] = c.Time
+			}
+		}
+	}
+	return t
 }
 
 // FailNext answers the next n requests for action ("" for any action) with

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -14,9 +15,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
-	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
+	"github.com/reaper-k8s/reaper/internal/callrecord"
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 )
 
@@ -35,15 +36,6 @@ func newClient(t *testing.T, optFns ...func(*retry.StandardOptions)) (*ec2.Clien
 		Retryer:      retry.NewStandard(fns...),
 	})
 	return client, srv
-}
-
-func apiCode(t *testing.T, err error) string {
-	t.Helper()
-	var apiErr smithy.APIError
-	if !errors.As(err, &apiErr) {
-		t.Fatalf("want an API error, got %v", err)
-	}
-	return apiErr.ErrorCode()
 }
 
 func TestDescribeWithTagFilter(t *testing.T) {
@@ -132,7 +124,7 @@ func TestDescribeWithTagFilter(t *testing.T) {
 	_, err = client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
 		{Name: aws.String("no-such-filter"), Values: []string{"x"}},
 	}})
-	if code := apiCode(t, err); code != "InvalidParameterValue" {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidParameterValue" {
 		t.Errorf("unknown filter: code %s", code)
 	}
 }
@@ -164,7 +156,7 @@ func TestDescribePagination(t *testing.T) {
 	}
 
 	_, err := client.DescribeInstances(context.Background(), &ec2.DescribeInstancesInput{NextToken: aws.String("garbage")})
-	if code := apiCode(t, err); code != "InvalidPaginationToken" {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidPaginationToken" {
 		t.Errorf("bad token: code %s", code)
 	}
 }
@@ -176,7 +168,7 @@ func TestUnknownAndMalformedIDs(t *testing.T) {
 	unknown := ec2server.NewInstanceID()
 
 	_, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{known, unknown}})
-	if code := apiCode(t, err); code != "InvalidInstanceID.NotFound" {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidInstanceID.NotFound" {
 		t.Errorf("describe unknown: code %s", code)
 	}
 	var re *smithyhttp.ResponseError
@@ -187,7 +179,7 @@ func TestUnknownAndMalformedIDs(t *testing.T) {
 	// All or nothing: the known instance must survive a request naming an
 	// unknown one.
 	_, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{known, unknown}})
-	if code := apiCode(t, err); code != "InvalidInstanceID.NotFound" {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidInstanceID.NotFound" {
 		t.Errorf("terminate unknown: code %s", code)
 	}
 	if inst, _ := srv.Instance(known); inst.State != ec2server.Running {
@@ -195,7 +187,7 @@ func TestUnknownAndMalformedIDs(t *testing.T) {
 	}
 
 	_, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{"i-nothex"}})
-	if code := apiCode(t, err); code != "InvalidInstanceID.Malformed" {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidInstanceID.Malformed" {
 		t.Errorf("malformed: code %s", code)
 	}
 
@@ -204,7 +196,7 @@ func TestUnknownAndMalformedIDs(t *testing.T) {
 		many[i] = known
 	}
 	_, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: many})
-	if code := apiCode(t, err); code != "InvalidRequest" {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidRequest" {
 		t.Errorf("1001 ids: code %s", code)
 	}
 
@@ -258,7 +250,7 @@ func TestTerminateIsIdempotent(t *testing.T) {
 	}
 	srv.RemoveInstance(id)
 	_, err = client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
-	if code := apiCode(t, err); code != "InvalidInstanceID.NotFound" {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidInstanceID.NotFound" {
 		t.Errorf("describe removed: code %s", code)
 	}
 }
@@ -289,7 +281,7 @@ func TestTransitionDelayAndStop(t *testing.T) {
 		t.Errorf("stop: current %s", s)
 	}
 	_, err = client.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{a}})
-	if code := apiCode(t, err); code != "IncorrectInstanceState" {
+	if code := callrecord.APIErrorCode(t, err); code != "IncorrectInstanceState" {
 		t.Errorf("stop shutting-down: code %s", code)
 	}
 
@@ -299,7 +291,7 @@ func TestTransitionDelayAndStop(t *testing.T) {
 	}
 
 	_, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{b}, DryRun: aws.Bool(true)})
-	if code := apiCode(t, err); code != "DryRunOperation" {
+	if code := callrecord.APIErrorCode(t, err); code != "DryRunOperation" {
 		t.Errorf("dry run: code %s", code)
 	}
 	if inst, _ := srv.Instance(b); inst.State != ec2server.Stopped {
@@ -332,7 +324,7 @@ func TestThrottlingIsRetried(t *testing.T) {
 	srv.ResetCalls()
 	srv.ThrottleUntil("", time.Now().Add(time.Minute))
 	_, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{})
-	if code := apiCode(t, err); code != "RequestLimitExceeded" {
+	if code := callrecord.APIErrorCode(t, err); code != "RequestLimitExceeded" {
 		t.Fatalf("code %s", code)
 	}
 	if retry.IsErrorThrottles(retry.DefaultThrottles).IsErrorThrottle(err) != aws.TrueTernary {
@@ -368,7 +360,7 @@ func TestFailNext(t *testing.T) {
 	// A client error is not retried, and the instance is untouched.
 	srv.FailNext("TerminateInstances", 1, "UnauthorizedOperation", 403)
 	_, err := client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
-	if code := apiCode(t, err); code != "UnauthorizedOperation" {
+	if code := callrecord.APIErrorCode(t, err); code != "UnauthorizedOperation" {
 		t.Fatalf("code %s", code)
 	}
 	if n := srv.CallCount("TerminateInstances"); n != 1 {
@@ -376,6 +368,46 @@ func TestFailNext(t *testing.T) {
 	}
 	if inst, _ := srv.Instance(id); inst.State != ec2server.Running {
 		t.Errorf("state %s after a faulted terminate", inst.State)
+	}
+}
+
+// TallySince counts every call by action, faulted ones included, and takes
+// an instance as terminated from the first successful TerminateInstances
+// naming it.
+func TestTallySince(t *testing.T) {
+	ctx := context.Background()
+	client, srv := newClient(t)
+	a, b := srv.AddInstance(ec2server.Instance{}).ID, srv.AddInstance(ec2server.Instance{}).ID
+	if _, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{}); err != nil {
+		t.Fatal(err)
+	}
+	from := len(srv.Calls())
+	srv.FailNext("TerminateInstances", 1, "UnauthorizedOperation", 403)
+	if _, err := client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{a}}); err == nil {
+		t.Fatal("the injected fault did not answer")
+	}
+	for _, ids := range [][]string{{a}, {a, b}} {
+		if _, err := client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: ids}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	calls := srv.Calls()
+	if got := calls[from].Terminated(); got != nil {
+		t.Errorf("the faulted TerminateInstances terminated %v", got)
+	}
+	tally := srv.TallySince(from)
+	if want := map[string]int{"TerminateInstances": 3}; !maps.Equal(tally.Requests, want) {
+		t.Errorf("requests %v, want %v", tally.Requests, want)
+	}
+	if len(tally.Refused) != 0 {
+		t.Errorf("refused %v without buckets", tally.Refused)
+	}
+	if want := map[string]time.Time{a: calls[from+1].Time, b: calls[from+2].Time}; !maps.Equal(tally.FirstTerminated, want) {
+		t.Errorf("first terminated %v, want %v", tally.FirstTerminated, want)
+	}
+	if n := len(srv.TallySince(len(calls) + 1).Requests); n != 0 {
+		t.Errorf("a tally past the last call counted %d actions", n)
 	}
 }
 
@@ -451,7 +483,7 @@ func TestRunInstances(t *testing.T) {
 		t.Fatalf("DescribeInstances by tag found %+v, want %s", desc.Reservations, id)
 	}
 
-	if _, err := client.RunInstances(ctx, &ec2.RunInstancesInput{MinCount: aws.Int32(0), MaxCount: aws.Int32(1)}); apiCode(t, err) != "InvalidParameterValue" {
+	if _, err := client.RunInstances(ctx, &ec2.RunInstancesInput{MinCount: aws.Int32(0), MaxCount: aws.Int32(1)}); callrecord.APIErrorCode(t, err) != "InvalidParameterValue" {
 		t.Errorf("MinCount 0: %v, want InvalidParameterValue", err)
 	}
 }

@@ -330,28 +330,16 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 	}
 
 	var delivered, shuttingDown atomic.Int64
-	stopBar := make(chan struct{})
-	barDone := make(chan struct{})
-	go func() {
-		defer close(barDone)
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopBar:
-				return
-			case <-tick.C:
-				// The indicator ends with its last step, after the drain.
-				bar.Step(min(int(shuttingDown.Load()), n-1), fmt.Sprintf("exits: %d delivered, instances shutting down", delivered.Load()))
-			}
-		}
-	}()
+	stopBar := bar.Follow(func() (int, string) {
+		return int(shuttingDown.Load()), fmt.Sprintf("exits: %d delivered, instances shutting down", delivered.Load())
+	})
+	stopCounting := make(chan struct{})
 
 	var states *stateSender
 	if b.opts.StateChanges {
 		states = b.startStateChanges(ctx, ec2Before, byInstance, &shuttingDown)
 	} else {
-		go countShuttingDown(stopBar, stack, ec2Before, byInstance, &shuttingDown)
+		go countShuttingDown(stopCounting, stack, ec2Before, byInstance, &shuttingDown)
 	}
 	res.FirstDelivery = time.Now()
 	deliverErr := b.deliver(ctx, res, payloads, &delivered)
@@ -363,48 +351,110 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 	}
 	// The watch lags the apiserver's writes a little.
 	errs = append(errs, terminal.wait(ctx, n, 10*time.Second))
-	close(stopBar)
-	<-barDone
+	close(stopCounting)
+	stopBar()
 	stopWatch()
 
 	b.collect(ctx, res, byInstance, terminal, ec2Before, sqsBefore, kubeBefore, stats, logsBefore, &errs)
-	bar.Step(n, fmt.Sprintf("exits: %d delivered, instances shutting down", n))
 	return res, errors.Join(errs...)
 }
 
-// burstFixtureWorkers bounds concurrent fixture writes to the apiserver.
-const burstFixtureWorkers = 16
+// Follow shows what state says on the indicator four times a second, until
+// the returned stop is called, which shows the last step: the indicator
+// ends there, however many steps state says are done.
+func (p *Progress) Follow(state func() (done int, what string)) (stop func()) {
+	quit, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+				done, what := state()
+				p.Step(min(done, p.total-1), what)
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-exited
+		_, what := state()
+		p.Step(p.total, what)
+	}
+}
 
 // createPods creates the running Pods and their instances and returns the
 // exit payloads.
 func (b *Burst) createPods(ctx context.Context, run int64, res *BurstResult, bar *Progress) ([][]byte, error) {
-	if err := b.Lab.Stack.EnsureNamespaces(ctx, res.Namespace); err != nil {
+	exits, err := b.Lab.CreateExits(ctx, res.Namespace, len(res.Pods), func(i int) (string, string, int) {
+		code := 0
+		if i%7 == 6 {
+			code = 1
+		}
+		return fmt.Sprintf("exit-%05d", i), fmt.Sprintf("i-0b5%02x%012x", run%256, i), code
+	}, func(created int) {
+		if created%100 == 0 {
+			bar.Step(0, fmt.Sprintf("creating Pods: %d", created))
+		}
+	})
+	payloads := make([][]byte, len(exits))
+	for i, e := range exits {
+		if e.Pod != nil {
+			res.Pods[i] = BurstPod{Name: e.Pod.Name, InstanceID: e.InstanceID, ExitCode: e.Code}
+		}
+		payloads[i] = e.Payload
+	}
+	return payloads, err
+}
+
+// Exit is a running Pod on a managed instance of its own, with the
+// subscription payload that ends it with Code.
+type Exit struct {
+	Pod        *corev1.Pod
+	InstanceID string
+	Code       int
+	Payload    []byte
+}
+
+// ExitNames names the i-th exit of a batch: its Pod, its instance and its
+// exit code.
+type ExitNames func(i int) (pod, instanceID string, code int)
+
+// fixtureWorkers bounds concurrent fixture writes to the apiserver.
+const fixtureWorkers = 16
+
+// CreateExits creates n exits in namespace (created when missing), named by
+// names, fixtureWorkers at a time: each a running Pod (restart policy Never)
+// on a managed instance, and its payload (ExitPayload with seq i).
+// created, when not nil, is told how many are done after each one. An exit
+// whose Pod could not be created is left zero, with its error among those
+// returned.
+func (l *Lab) CreateExits(ctx context.Context, namespace string, n int, names ExitNames, created func(done int)) ([]Exit, error) {
+	if err := l.Stack.EnsureNamespaces(ctx, namespace); err != nil {
 		return nil, err
 	}
-	n := len(res.Pods)
-	payloads := make([][]byte, n)
+	exits := make([]Exit, n)
 	errs := make([]error, n)
-	var created atomic.Int64
+	var done atomic.Int64
 	next := make(chan int)
 	var wg sync.WaitGroup
-	for range burstFixtureWorkers {
+	for range fixtureWorkers {
 		wg.Go(func() {
 			for i := range next {
-				pod, err := b.Lab.RunningPod(ctx, res.Namespace, fmt.Sprintf("exit-%05d", i), corev1.RestartPolicyNever)
+				name, id, code := names(i)
+				pod, err := l.RunningPod(ctx, namespace, name, corev1.RestartPolicyNever)
 				if err != nil {
 					errs[i] = err
 					continue
 				}
-				id := fmt.Sprintf("i-0b5%02x%012x", run%256, i)
-				b.Lab.AddInstance(id, pod, true)
-				code := 0
-				if i%7 == 6 {
-					code = 1
-				}
-				res.Pods[i] = BurstPod{Name: pod.Name, InstanceID: id, ExitCode: code}
-				payloads[i], errs[i] = ExitPayload(id, pod, code, i)
-				if c := created.Add(1); c%100 == 0 {
-					bar.Step(0, fmt.Sprintf("creating Pods: %d", c))
+				l.AddInstance(id, pod, true)
+				exits[i] = Exit{Pod: pod, InstanceID: id, Code: code}
+				exits[i].Payload, errs[i] = ExitPayload(id, pod, code, i)
+				if c := done.Add(1); created != nil {
+					created(int(c))
 				}
 			}
 		})
@@ -414,7 +464,7 @@ func (b *Burst) createPods(ctx context.Context, run int64, res *BurstResult, bar
 	}
 	close(next)
 	wg.Wait()
-	return payloads, errors.Join(errs...)
+	return exits, errors.Join(errs...)
 }
 
 // ExitPayload is the subscription payload carrying the exit line of the
@@ -487,16 +537,13 @@ func invokeExpect[T any](ctx context.Context, f *localstack.Function, payload []
 // tailPoll is how often the EC2 test server's log is read for terminates.
 const tailPoll = 50 * time.Millisecond
 
-// terminatedSince calls fn with each burst instance named by a successful
-// TerminateInstances among the server's calls from index from on, and
-// returns the index to read from next.
+// terminatedSince calls fn with each burst instance a call from index from
+// on of the server's terminated (ec2server.Call.Terminated), and returns
+// the index to read from next.
 func terminatedSince(stack *localstack.Stack, from int, byInstance map[string]int, fn func(id string)) int {
 	calls := stack.EC2.Calls()
 	for _, c := range calls[min(from, len(calls)):] {
-		if c.Action != "TerminateInstances" || c.ErrorCode != "" {
-			continue
-		}
-		for _, id := range c.InstanceIDs {
+		for _, id := range c.Terminated() {
 			if _, ok := byInstance[id]; ok {
 				fn(id)
 			}
@@ -712,20 +759,11 @@ func (b *Burst) collect(ctx context.Context, res *BurstResult, byInstance map[st
 	}
 	terminal.mu.Unlock()
 
-	res.EC2, res.Refused = map[string]int{}, map[string]int{}
-	calls := stack.EC2.Calls()
-	for _, c := range calls[min(ec2Before, len(calls)):] {
-		res.EC2[c.Action]++
-		if c.Refused {
-			res.Refused[c.Action]++
-		}
-		if c.Action != "TerminateInstances" || c.ErrorCode != "" {
-			continue
-		}
-		for _, id := range c.InstanceIDs {
-			if i, ok := byInstance[id]; ok && res.Pods[i].ShuttingDown.IsZero() {
-				res.Pods[i].ShuttingDown = c.Time
-			}
+	ec2 := stack.EC2.TallySince(ec2Before)
+	res.EC2, res.Refused = ec2.Requests, ec2.Refused
+	for id, at := range ec2.FirstTerminated {
+		if i, ok := byInstance[id]; ok {
+			res.Pods[i].ShuttingDown = at
 		}
 	}
 	var terminates map[string]int

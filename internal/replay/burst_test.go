@@ -116,7 +116,7 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 func terminatesNaming(id string) string {
 	var out []string
 	for _, c := range lab.Stack.EC2.Calls() {
-		if c.Action == "TerminateInstances" && c.ErrorCode == "" && slices.Contains(c.InstanceIDs, id) {
+		if slices.Contains(c.Terminated(), id) {
 			out = append(out, fmt.Sprintf("%s (%d instances, first %s)", c.Time.Format(time.StampMicro), len(c.InstanceIDs), c.InstanceIDs[0]))
 		}
 	}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 )
@@ -129,7 +128,7 @@ func (l *Lab) Replicas30(ctx context.Context, recordings string, progress io.Wri
 		return res, err
 	}
 	res.DrainedIn = time.Since(last)
-	res.EC2Requests = l.ec2Requests(before)
+	res.EC2Requests = l.Stack.EC2.TallySince(before).Requests
 	res.Rows, err = l.rows(ctx, sc)
 	return res, err
 }
@@ -147,28 +146,19 @@ func (l *Lab) windowEnd(ctx context.Context, sc *Scenario, exitWait time.Duratio
 	return end, err
 }
 
-// ec2Requests counts the EC2 test server's requests since the first
-// before, by action.
-func (l *Lab) ec2Requests(before int) map[string]int {
-	out := map[string]int{}
-	for _, c := range l.Stack.EC2.Calls()[before:] {
-		out[c.Action]++
-	}
-	return out
-}
-
 func (l *Lab) rows(ctx context.Context, sc *Scenario) ([]Row, error) {
 	var rows []Row
 	for name, pod := range sc.Pods {
-		p, err := l.Stack.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+		p, err := l.ObservePod(ctx, pod.Namespace, name)
 		if err != nil {
 			return nil, err
 		}
-		row := Row{Pod: p.Namespace + "/" + p.Name, ExitCode: "-", Phase: p.Status.Phase, Instance: sc.Instances[name]}
-		for _, cs := range p.Status.ContainerStatuses {
-			if t := cs.State.Terminated; t != nil {
-				row.ExitCode, row.Reason = fmt.Sprint(t.ExitCode), t.Reason
-			}
+		if p.Gone {
+			return nil, fmt.Errorf("pod %s/%s is gone", pod.Namespace, name)
+		}
+		row := Row{Pod: pod.Namespace + "/" + name, ExitCode: "-", Phase: p.Phase, Reason: p.Reason, Instance: sc.Instances[name]}
+		if p.ExitCode != nil {
+			row.ExitCode = fmt.Sprint(*p.ExitCode)
 		}
 		if i, ok := l.Stack.EC2.Instance(row.Instance); ok {
 			row.State = i.State
@@ -238,7 +228,7 @@ func (l *Lab) Spot10(ctx context.Context, recordings string, exitWait time.Durat
 		res.Latencies = append(res.Latencies, time.Since(start))
 	}
 	bar.Step(len(sc.Steps), "events replayed")
-	res.EC2Requests = l.ec2Requests(before)
+	res.EC2Requests = l.Stack.EC2.TallySince(before).Requests
 	res.Rows, err = l.rows(ctx, sc)
 	return res, err
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
@@ -172,7 +171,7 @@ func TestManualStop(t *testing.T) {
 func TestOrphans(t *testing.T) {
 	sc := prepare(t, "orphans", corev1.RestartPolicyNever, func(s Subject) bool { return s.Name == "orphan-managed" })
 	for name := range sc.Pods {
-		if err := lab.Stack.Kube.CoreV1().Pods("ops").Delete(t.Context(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+		if err := lab.DeletePod(t.Context(), "ops", name); err != nil {
 			t.Fatal(err)
 		}
 	}

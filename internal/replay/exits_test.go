@@ -70,7 +70,7 @@ func wantEnded(t *testing.T, pod *corev1.Pod, phase corev1.PodPhase, code int32,
 func terminateCalls(id string) int {
 	n := 0
 	for _, c := range lab.Stack.EC2.Calls() {
-		if c.Action == "TerminateInstances" && c.ErrorCode == "" && slices.Contains(c.InstanceIDs, id) {
+		if slices.Contains(c.Terminated(), id) {
 			n++
 		}
 	}
@@ -237,7 +237,7 @@ func TestMalformedLineInGoodBatch(t *testing.T) {
 func TestPodDeletedBeforeLine(t *testing.T) {
 	t.Parallel()
 	sc := prepare(t, "pod-deleted", corev1.RestartPolicyNever, nil)
-	if err := lab.Stack.Kube.CoreV1().Pods("jobs").Delete(t.Context(), "job-deleted", metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+	if err := lab.DeletePod(t.Context(), "jobs", "job-deleted"); err != nil {
 		t.Fatal(err)
 	}
 	invokeExit(t, sc.Payloads("exitrecorder")[0])
@@ -250,8 +250,7 @@ func TestPodDeletedBeforeLine(t *testing.T) {
 func TestPodReplacedIsUntouched(t *testing.T) {
 	t.Parallel()
 	sc := prepare(t, "pod-replaced", corev1.RestartPolicyNever, nil)
-	pods := lab.Stack.Kube.CoreV1().Pods("jobs")
-	if err := pods.Delete(t.Context(), "job-replaced", metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+	if err := lab.DeletePod(t.Context(), "jobs", "job-replaced"); err != nil {
 		t.Fatal(err)
 	}
 	replacement, err := lab.RunningPod(t.Context(), "jobs", "job-replaced", corev1.RestartPolicyNever)
@@ -274,11 +273,11 @@ func TestUnmanagedInstanceKept(t *testing.T) {
 	t.Parallel()
 	sc := prepare(t, "unmanaged", corev1.RestartPolicyNever, func(Subject) bool { return false })
 	id := sc.Instances["job-unmanaged"]
-	rejected := lab.rejections(t, reaper.DistrustNotManaged)
+	rejected := lab.rejections(reaper.DistrustNotManaged)
 	if sum := invokeExit(t, sc.Payloads("exitrecorder")[0]); sum.Queued != 1 {
 		t.Fatalf("summary %+v", sum)
 	}
-	if n := lab.rejections(t, reaper.DistrustNotManaged) - rejected; n != 1 {
+	if n := lab.rejections(reaper.DistrustNotManaged) - rejected; n != 1 {
 		t.Fatalf("%d lines rejected as not managed, want 1", n)
 	}
 	if terminateCalls(id) != 0 || instanceState(t, id) != ec2server.Running {
@@ -362,12 +361,12 @@ func TestKubernetesDown(t *testing.T) {
 
 // rejections counts the exit claims the reconcilers have not believed for
 // reason so far, from their logs.
-func (l *Lab) rejections(t *testing.T, reason string) int {
-	t.Helper()
+func (l *Lab) rejections(reason string) int {
 	n := 0
 	for _, f := range l.Reconcilers {
-		for line := range strings.SplitSeq(f.Logs(), "\n") {
-			if strings.Contains(line, `"msg":"exit line not believed"`) && strings.Contains(line, `"reason":"`+reason+`"`) {
+		_, notBelieved := ReconcilerLines(f.Logs())
+		for _, nb := range notBelieved {
+			if nb.Reason == reason {
 				n++
 			}
 		}

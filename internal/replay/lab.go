@@ -40,15 +40,12 @@ var Functions = []string{metrics.FunctionExitRecorder, metrics.FunctionStateChan
 // dependencies compile once.
 func Build(ctx context.Context, moduleRoot, dir string, names ...string) (map[string]string, error) {
 	tmp := filepath.Join(dir, ".out")
-	args := []string{"build", "-trimpath", "-tags", "lambda.norpc", "-ldflags=-s -w", "-o", tmp + "/"}
+	var pkgs []string
 	for _, name := range names {
-		args = append(args, "./functions/"+name)
+		pkgs = append(pkgs, "./functions/"+name)
 	}
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = moduleRoot
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build functions: %v\n%s", err, b)
+	if err := goBuild(ctx, moduleRoot, tmp+"/", nil, pkgs...); err != nil {
+		return nil, fmt.Errorf("build functions: %w", err)
 	}
 	out := make(map[string]string, len(names))
 	for _, name := range names {
@@ -62,6 +59,31 @@ func Build(ctx context.Context, moduleRoot, dir string, names ...string) (map[st
 		out[name] = bin
 	}
 	return out, os.Remove(tmp)
+}
+
+// BuildBootstrap compiles the main package pkg (a path relative to
+// moduleRoot) into the file bin as Build compiles the functions, with the
+// extra build tags.
+func BuildBootstrap(ctx context.Context, moduleRoot, bin, pkg string, tags ...string) error {
+	if err := goBuild(ctx, moduleRoot, bin, tags, pkg); err != nil {
+		return fmt.Errorf("build %s (tags %v): %w", pkg, tags, err)
+	}
+	return nil
+}
+
+// goBuild runs go build as `make build` does for Lambda, for this machine's
+// architecture, with the extra tags: out is a file, or a directory ending
+// in "/" for several packages.
+func goBuild(ctx context.Context, moduleRoot, out string, tags []string, pkgs ...string) error {
+	args := append([]string{"build", "-trimpath", "-tags", strings.Join(append([]string{"lambda.norpc"}, tags...), ","),
+		"-ldflags=-s -w", "-o", out}, pkgs...)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = moduleRoot
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%v\n%s", err, b)
+	}
+	return nil
 }
 
 // ModuleRoot finds the directory holding go.mod, from the working directory up.
@@ -147,6 +169,66 @@ func (o LabOptions) withDefaults() LabOptions {
 // (REAPER_* knobs), with NewLabWith's defaults.
 func NewLab(ctx context.Context, stack *localstack.Stack, table string, bootstraps map[string]string, env ...string) (*Lab, error) {
 	return NewLabWith(ctx, stack, table, bootstraps, LabOptions{Env: env})
+}
+
+// StartLab is how a test suite or a command gets a lab of its own: it
+// builds Reaper's functions into a temporary directory, starts a local
+// stack with opts and a lab on it with table and env (NewLab). stop stops
+// the lab and the stack and removes the build.
+func StartLab(ctx context.Context, opts localstack.Options, table string, env ...string) (lab *Lab, stop func(), err error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return nil, nil, err
+	}
+	dir, err := os.MkdirTemp("", "reaper-lab-")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	bins, err := Build(ctx, root, filepath.Join(dir, "build"), Functions...)
+	if err != nil {
+		return nil, nil, err
+	}
+	stack, err := localstack.Start(ctx, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	if lab, err = NewLab(ctx, stack, table, bins, env...); err != nil {
+		stack.Stop()
+		return nil, nil, err
+	}
+	return lab, func() {
+		lab.Stop()
+		stack.Stop()
+		os.RemoveAll(dir)
+	}, nil
+}
+
+// RunTests is a test package's TestMain around a lab of its own: it starts
+// the lab with StartLab within timeout and hands it to tests, which runs the
+// package's tests (m.Run) with what else they need around them and returns
+// their code. It exits with that code, or with 1 and the error on stderr
+// when the lab or what tests sets up fails.
+func RunTests(timeout time.Duration, opts localstack.Options, table string, env []string, tests func(context.Context, *Lab) (int, error)) {
+	code, err := func() (int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		lab, stop, err := StartLab(ctx, opts, table, env...)
+		if err != nil {
+			return 0, err
+		}
+		defer stop()
+		return tests(ctx, lab)
+	}()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lab:", err)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 // NewLabWith is NewLab with options. A reconciler among the bootstraps

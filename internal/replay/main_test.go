@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -24,47 +23,17 @@ const exitWait = 3 * time.Second
 const recordingsDir = "../../testdata/replay"
 
 func TestMain(m *testing.M) {
-	code, err := run(m)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "replay tests:", err)
-		os.Exit(1)
-	}
-	os.Exit(code)
-}
-
-func run(m *testing.M) (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	root, err := ModuleRoot()
-	if err != nil {
-		return 0, err
-	}
-	dir, err := os.MkdirTemp("", "reaper-replay-")
-	if err != nil {
-		return 0, err
-	}
-	defer os.RemoveAll(dir)
-	bins, err := Build(ctx, root, filepath.Join(dir, "build"), Functions...)
-	if err != nil {
-		return 0, err
-	}
-	stack, err := localstack.Start(ctx, localstack.Options{})
-	if err != nil {
-		return 0, err
-	}
-	defer stack.Stop()
-	lab, err = NewLab(ctx, stack, "reaper-ledger", bins, "REAPER_EXIT_WAIT="+exitWait.String(), "REAPER_ORPHAN_GRACE=1m")
-	if err != nil {
-		return 0, err
-	}
-	defer lab.Stop()
-	code := m.Run()
-	if code != 0 {
-		for name, f := range lab.Functions {
-			fmt.Fprintf(os.Stderr, "--- %s output (tail):\n%s\n", name, tail(f.Logs(), 40))
+	env := []string{"REAPER_EXIT_WAIT=" + exitWait.String(), "REAPER_ORPHAN_GRACE=1m"}
+	RunTests(30*time.Minute, localstack.Options{}, "reaper-ledger", env, func(_ context.Context, l *Lab) (int, error) {
+		lab = l
+		code := m.Run()
+		if code != 0 {
+			for name, f := range lab.Functions {
+				fmt.Fprintf(os.Stderr, "--- %s output (tail):\n%s\n", name, tail(f.Logs(), 40))
+			}
 		}
-	}
-	return code, nil
+		return code, nil
+	})
 }
 
 func tail(s string, lines int) string {

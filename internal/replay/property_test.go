@@ -232,7 +232,7 @@ func (h *propHarness) run(t *testing.T, n int, rng *rand.Rand) string {
 			}
 		}
 		if h.sc.orphan {
-			if err := lab.Stack.Kube.CoreV1().Pods(h.ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+			if err := lab.DeletePod(ctx, h.ns, name); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/podstatus"
 )
 
@@ -82,11 +81,11 @@ func TestPodWriteBeforeTerminate(t *testing.T) {
 		id := fmt.Sprintf("i-%017x", 0x0dace0000000000+i)
 		lab.AddInstance(id, pod, true)
 		w.pods[id] = pod
-		b, err := json.Marshal(exitPayload(t, exitline.Line{ExitCode: 0}, id, pod, time.Now().Add(-time.Second)))
+		p, err := ExitPayload(id, pod, 0, i)
 		if err != nil {
 			t.Fatal(err)
 		}
-		payloads = append(payloads, b)
+		payloads = append(payloads, p)
 	}
 	ctx, stop := context.WithCancel(t.Context())
 	done := make(chan struct{})
@@ -132,11 +131,11 @@ func TestBatchTerminatesTogether(t *testing.T) {
 		id := fmt.Sprintf("i-%017x", 0x0ba7c0000000000+i)
 		lab.AddInstance(id, pod, true)
 		ids = append(ids, id)
-		b, err := json.Marshal(exitPayload(t, exitline.Line{ExitCode: 0}, id, pod, time.Now().Add(-time.Second)))
+		p, err := ExitPayload(id, pod, 0, i)
 		if err != nil {
 			t.Fatal(err)
 		}
-		payloads = append(payloads, b)
+		payloads = append(payloads, p)
 	}
 	for _, p := range payloads {
 		if err := batched.InvokeOnly(t.Context(), "exitrecorder", p, nil); err != nil {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/localstack"
@@ -34,13 +33,13 @@ func wantRejected(t *testing.T, payload []byte, reasons map[string]int) {
 	t.Helper()
 	before := map[string]int{}
 	for r := range reasons {
-		before[r] = lab.rejections(t, r)
+		before[r] = lab.rejections(r)
 	}
 	if sum := invokeExit(t, payload); sum.Rejected != 0 || sum.Queued != 1 {
 		t.Fatalf("summary %+v, want the line queued for its check", sum)
 	}
 	for r, n := range reasons {
-		if got := lab.rejections(t, r) - before[r]; got != n {
+		if got := lab.rejections(r) - before[r]; got != n {
 			t.Fatalf("%d lines not believed for %s, want %d", got, r, n)
 		}
 	}
@@ -73,16 +72,12 @@ func TestOtherClusterUntouched(t *testing.T) {
 	exited, spotted := sc.Instances["other-exit"], sc.Instances["other-spot"]
 
 	wantRejected(t, sc.Payloads("exitrecorder")[0], map[string]int{reaper.DistrustOtherCluster: 1})
-	lab.Stack.EC2.SetState(spotted, ec2server.Terminated)
 	var state intake.StateSummary
-	if err := lab.Invoke(t.Context(), "statechange", sc.Payloads("statechange")[0], &state); err != nil {
-		t.Fatal(err)
-	}
-	if !state.Queued {
+	if play(t, LiveStep{Function: "statechange", Payload: sc.Payloads("statechange")[0]}, &state); !state.Queued {
 		t.Fatalf("state change of another cluster's instance: %+v", state)
 	}
 	// Its Pod is gone: to this deployment's sweep it would be an orphan.
-	if err := lab.Stack.Kube.CoreV1().Pods("tenants").Delete(t.Context(), "other-exit", metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+	if err := lab.DeletePod(t.Context(), "tenants", "other-exit"); err != nil {
 		t.Fatal(err)
 	}
 	sweepNow(t)
@@ -217,7 +212,7 @@ func TestRestartPendingOrphan(t *testing.T) {
 	sc := prepare(t, "restart-orphan", corev1.RestartPolicyAlways, nil)
 	id := sc.Instances["restart-orphan"]
 	invokeExit(t, sc.Payloads("exitrecorder")[0])
-	if err := lab.Stack.Kube.CoreV1().Pods("services").Delete(t.Context(), "restart-orphan", metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+	if err := lab.DeletePod(t.Context(), "services", "restart-orphan"); err != nil {
 		t.Fatal(err)
 	}
 	resp, fnErr, err := sweeper.Invoke(t.Context(), sc.Payloads("sweeper")[0])

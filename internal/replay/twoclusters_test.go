@@ -146,7 +146,7 @@ func runTwoClusters(t *testing.T, shared *ec2server.Server, clock *atomic.Int64,
 		shared.AddInstance(ec2server.Instance{ID: id, State: ec2server.Running, LaunchTime: start.Add(-time.Hour),
 			Tags: InstanceTags(pod, true, s.cluster)})
 		if tp.orphan {
-			if err := lab.Stack.Kube.CoreV1().Pods(s.ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+			if err := lab.DeletePod(ctx, s.ns, pod.Name); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/reaper-k8s/reaper/internal/callrecord"
 )
 
 const (
@@ -39,7 +41,7 @@ var (
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	arrived := s.now()
 	action, hasTarget := strings.CutPrefix(r.Header.Get("X-Amz-Target"), "AmazonSQS.")
-	call := Call{Action: action, Time: arrived}
+	call := Call{Call: callrecord.Call{Action: action, Time: arrived}}
 	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	body, readErr := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBytes))
 
@@ -68,9 +70,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if aerr != nil {
 		call.ErrorCode = aerr.code
 	}
-	s.mu.Lock()
-	s.calls = append(s.calls, call)
-	s.mu.Unlock()
+	s.calls.Add(call)
 
 	w.Header().Set("Content-Type", jsonContentType)
 	w.Header().Set("x-amzn-RequestId", newUUID())

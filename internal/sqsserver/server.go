@@ -68,6 +68,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/reaper-k8s/reaper/internal/callrecord"
 )
 
 // The identity the server answers as: queue URLs are
@@ -81,17 +83,16 @@ const (
 	SenderID = "AIDAIT2UOQQY3AUEKVGXU"
 )
 
-// Call is one request the server answered.
+// Call is one request the server answered. Its ErrorCode is the code the
+// SDK reports (x-amzn-query-error); Injected says a fault from FailNext
+// answered it.
 type Call struct {
-	Action string // e.g. "ReceiveMessage"
-	Queue  string // the queue the request named (the last path segment of a QueueUrl); "" when none or faulted
+	callrecord.Call
+	Queue string // the queue the request named (the last path segment of a QueueUrl); "" when none or faulted
 	// Count is how many messages the call carried: the entries of a batch
 	// request, the messages of a ReceiveMessage answer, 1 for the other
 	// message actions, 0 for queue actions.
-	Count     int
-	Time      time.Time // when the request arrived
-	ErrorCode string    // code the SDK reports (x-amzn-query-error); "" on success
-	Injected  bool      // answered by a fault from FailNext
+	Count int
 }
 
 // Depth is how many messages a queue holds, by state.
@@ -114,8 +115,9 @@ type Server struct {
 
 	mu     sync.Mutex
 	queues map[string]*queue // by name
-	calls  []Call
 	faults []*fault
+
+	calls callrecord.Record[Call]
 }
 
 type fault struct {
@@ -201,32 +203,14 @@ func (s *Server) SentBefore(name string, t time.Time) (n int, ok bool) {
 
 // Calls returns a copy of every request answered since New or ResetCalls,
 // in the order they were answered (a long poll is recorded when it ends).
-func (s *Server) Calls() []Call {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]Call(nil), s.calls...)
-}
+func (s *Server) Calls() []Call { return s.calls.Calls() }
 
 // CallCount returns how many requests for action were answered, faulted
 // ones included.
-func (s *Server) CallCount(action string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, c := range s.calls {
-		if c.Action == action {
-			n++
-		}
-	}
-	return n
-}
+func (s *Server) CallCount(action string) int { return s.calls.Count(action) }
 
 // ResetCalls forgets the recorded calls. Queues and faults stay.
-func (s *Server) ResetCalls() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.calls = nil
-}
+func (s *Server) ResetCalls() { s.calls.Reset() }
 
 // FailNext answers the next n requests for action ("" for any action) with
 // the error code, without touching any queue. code is what the SDK reports

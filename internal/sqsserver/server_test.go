@@ -16,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
 
+	"github.com/reaper-k8s/reaper/internal/callrecord"
 	"github.com/reaper-k8s/reaper/internal/sqsserver"
 )
 
@@ -365,7 +366,7 @@ func TestVisibilityTimeoutAndRedelivery(t *testing.T) {
 	// The stale handle: ChangeMessageVisibility refuses it, DeleteMessage
 	// accepts it and deletes nothing (DeleteMessage reference).
 	_, err := client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: &url, ReceiptHandle: first[0].ReceiptHandle, VisibilityTimeout: 0})
-	if code := apiCode(t, err); code != "InvalidParameterValue" || !strings.Contains(err.Error(), "not available for visibility timeout change") {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidParameterValue" || !strings.Contains(err.Error(), "not available for visibility timeout change") {
 		t.Errorf("change with a stale handle: %v", err)
 	}
 	if _, err := client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: first[0].ReceiptHandle}); err != nil {
@@ -398,7 +399,7 @@ func TestVisibilityTimeoutAndRedelivery(t *testing.T) {
 		t.Errorf("second delete: %v", err)
 	}
 	_, err = client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: &url, ReceiptHandle: third[0].ReceiptHandle, VisibilityTimeout: 5})
-	if code := apiCode(t, err); code != "InvalidParameterValue" {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidParameterValue" {
 		t.Errorf("change on a deleted message: %v", err)
 	}
 }
@@ -457,7 +458,7 @@ func TestRedriveToDeadLetterQueue(t *testing.T) {
 	_, err = client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String("orphan"), Attributes: map[string]string{
 		"RedrivePolicy": fmt.Sprintf(`{"deadLetterTargetArn":%q,"maxReceiveCount":3}`, sqsserver.QueueARN("missing")),
 	}})
-	if code := apiCode(t, err); code != "InvalidParameterValue" {
+	if code := callrecord.APIErrorCode(t, err); code != "InvalidParameterValue" {
 		t.Errorf("redrive to a missing queue: %v", err)
 	}
 }
@@ -523,15 +524,6 @@ func TestLongPolling(t *testing.T) {
 	}
 }
 
-func apiCode(t *testing.T, err error) string {
-	t.Helper()
-	var apiErr smithy.APIError
-	if !errors.As(err, &apiErr) {
-		t.Fatalf("want an API error, got %v", err)
-	}
-	return apiErr.ErrorCode()
-}
-
 func TestErrorMapping(t *testing.T) {
 	ctx := context.Background()
 	client, _ := newClient(t)
@@ -557,7 +549,7 @@ func TestErrorMapping(t *testing.T) {
 			t.Errorf("%s: %T %v, want %T", name, err, err, target)
 			return
 		}
-		if got := apiCode(t, err); got != code {
+		if got := callrecord.APIErrorCode(t, err); got != code {
 			t.Errorf("%s: code %q, want %q", name, got, code)
 		}
 	}
