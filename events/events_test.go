@@ -22,6 +22,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
@@ -128,14 +129,8 @@ var exitSamples = map[string]exitSample{
 // stateChange is the EventBridge event EC2 sends when the instance reaches
 // a state.
 func stateChange(n int, state string) events.CloudWatchEvent {
-	detail, _ := json.Marshal(map[string]string{"instance-id": instanceID, "state": state})
-	return events.CloudWatchEvent{
-		Version: "0", ID: fmt.Sprintf("7bf73129-1428-4cd3-a780-95db273d1%03d", n),
-		DetailType: "EC2 Instance State-change Notification", Source: "aws.ec2",
-		AccountID: account, Time: finished.Truncate(time.Second).Add(time.Duration(n) * time.Second), Region: region,
-		Resources: []string{fmt.Sprintf("arn:aws:ec2:%s:%s:instance/%s", region, account, instanceID)},
-		Detail:    detail,
-	}
+	return replay.StateChangeEvent(fmt.Sprintf("7bf73129-1428-4cd3-a780-95db273d1%03d", n), instanceID, state,
+		finished.Truncate(time.Second).Add(time.Duration(n)*time.Second))
 }
 
 var cloudWatchSamples = map[string]events.CloudWatchEvent{

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
@@ -308,17 +307,8 @@ func instanceOf(ctx context.Context, pod *corev1.Pod) (string, error) {
 // exitEvent is the CloudWatch Logs payload of the Pod's exit line, from
 // its instance's log stream.
 func exitEvent(id string, pod *corev1.Pod, exit host, finished time.Time) ([]byte, error) {
-	msg, err := json.Marshal(exitline.Line{
-		Reaper: exitline.Kind, V: exitline.Version, InstanceID: id,
-		PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: string(pod.UID), Container: "main",
-		ContainerID: "docker://" + id[2:], ExitCode: exit.exitCode, RuntimeRestarted: exit.runtimeRestarted,
-		StartedAt: finished.Add(-time.Minute), FinishedAt: finished,
-	})
-	if err != nil {
-		return nil, err
-	}
-	ev, err := exitline.Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: id,
-		LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Timestamp: finished.UnixMilli(), Message: string(msg)}}})
+	ev, err := replay.ExitLogsEvent(id, pod, exitline.Line{ContainerID: "docker://" + id[2:], ExitCode: exit.exitCode,
+		RuntimeRestarted: exit.runtimeRestarted, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}, 1)
 	if err != nil {
 		return nil, err
 	}

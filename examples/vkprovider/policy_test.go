@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-lambda-go/events"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/examples/vkprovider"
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
@@ -223,15 +223,7 @@ func waitNewPod(t *testing.T, ns, selector string, seen map[types.UID]bool) *cor
 // stateEvent is EventBridge's notice that the instance reached state.
 func stateEvent(t *testing.T, id string, state ec2server.State) []byte {
 	t.Helper()
-	detail, err := json.Marshal(map[string]string{"instance-id": id, "state": string(state)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	payload, err := json.Marshal(events.CloudWatchEvent{
-		Version: "0", ID: "state-" + id, DetailType: "EC2 Instance State-change Notification",
-		Source: "aws.ec2", AccountID: "123456789012", Time: time.Now().UTC(), Region: "us-east-1",
-		Resources: []string{"arn:aws:ec2:us-east-1:123456789012:instance/" + id}, Detail: detail,
-	})
+	payload, err := json.Marshal(replay.StateChangeEvent("state-"+id, id, string(state), time.Now().UTC()))
 	if err != nil {
 		t.Fatal(err)
 	}

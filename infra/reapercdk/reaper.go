@@ -41,9 +41,6 @@ import (
 // ExitFilterPattern selects exit lines in the exit-line log group.
 var ExitFilterPattern = fmt.Sprintf(`{ $.reaper = %q }`, exitline.Kind)
 
-// StateChangeDetailType is the EventBridge detail-type statechange receives.
-const StateChangeDetailType = "EC2 Instance State-change Notification"
-
 // EndStates are the EC2 states after which an instance no longer runs its
 // Pod: the states statechange always receives.
 var EndStates = []string{model.StateStopping, model.StateStopped, model.StateShuttingDown, model.StateTerminated}
@@ -258,8 +255,8 @@ func New(scope constructs.Construct, id string, props *Props) *Reaper {
 	awsevents.NewRule(r.Construct, jsii.String("StateChanges"), &awsevents.RuleProps{
 		Description: jsii.String("Reaper: EC2 instance state changes to statechange"),
 		EventPattern: &awsevents.EventPattern{
-			Source:     jsii.Strings("aws.ec2"),
-			DetailType: jsii.Strings(StateChangeDetailType),
+			Source:     jsii.Strings(model.StateChangeSource),
+			DetailType: jsii.Strings(model.StateChangeDetailType),
 			Detail:     &map[string]any{"state": jsii.Strings(states...)},
 		},
 		Targets: &[]awsevents.IRuleTarget{r.target(r.StateChange)},

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/reaper-k8s/reaper/internal/callrecord"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // State is an EC2 instance state name.
@@ -36,12 +37,12 @@ type State string
 
 // The instance states EC2 reports.
 const (
-	Pending      State = "pending"
-	Running      State = "running"
-	ShuttingDown State = "shutting-down"
-	Terminated   State = "terminated"
-	Stopping     State = "stopping"
-	Stopped      State = "stopped"
+	Pending      State = model.StatePending
+	Running      State = model.StateRunning
+	ShuttingDown State = model.StateShuttingDown
+	Terminated   State = model.StateTerminated
+	Stopping     State = model.StateStopping
+	Stopped      State = model.StateStopped
 )
 
 var stateCodes = map[State]int32{

@@ -21,7 +21,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/aws/aws-lambda-go/events"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -33,7 +32,6 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
-	"github.com/reaper-k8s/reaper/pkg/statechange"
 )
 
 // BurstOptions shape a burst: Exits Pods that end at once, each on an
@@ -472,23 +470,7 @@ func (l *Lab) CreateExits(ctx context.Context, namespace string, n int, names Ex
 // CloudWatch Logs delivers it and as the Lambda runtime hands it to the
 // function: JSON. seq makes the log event id unique.
 func ExitPayload(instanceID string, pod *corev1.Pod, code, seq int) ([]byte, error) {
-	now := time.Now().UTC()
-	line, err := json.Marshal(exitline.Line{
-		Reaper: exitline.Kind, V: exitline.Version, InstanceID: instanceID,
-		PodNamespace: pod.Namespace, PodName: pod.Name, PodUID: string(pod.UID),
-		Container: "main", ContainerID: BareContainerID(pod),
-		ExitCode: code, StartedAt: now.Add(-time.Hour), FinishedAt: now,
-	})
-	if err != nil {
-		return nil, err
-	}
-	ev, err := exitline.Encode(events.CloudwatchLogsData{
-		Owner: "123456789012", LogGroup: "/reaper/exits", LogStream: instanceID,
-		SubscriptionFilters: []string{"reaper-exits"}, MessageType: "DATA_MESSAGE",
-		LogEvents: []events.CloudwatchLogsLogEvent{{
-			ID: fmt.Sprintf("3808%032d", seq), Timestamp: now.UnixMilli(), Message: string(line),
-		}},
-	})
+	ev, err := ExitLogsEvent(instanceID, pod, exitline.Line{ContainerID: BareContainerID(pod), ExitCode: code}, seq)
 	if err != nil {
 		return nil, err
 	}
@@ -587,8 +569,8 @@ func (b *Burst) startStateChanges(ctx context.Context, from int, byInstance map[
 	for k, f := range b.stateSenders {
 		wg.Go(func() {
 			for id := range ids {
-				for _, state := range []string{"shutting-down", "terminated"} {
-					payload, err := burstStateEvent(id, state, time.Now())
+				for _, state := range []string{model.StateShuttingDown, model.StateTerminated} {
+					payload, err := json.Marshal(StateChangeEvent(fmt.Sprintf("burst-%s-%s", id, state), id, state, time.Now().UTC().Truncate(time.Second)))
 					if err == nil {
 						err = invokeExpect(ctx, f, payload, func(s intake.StateSummary) bool { return s.Queued })
 					}
@@ -638,20 +620,6 @@ func (s *stateSender) finish() (int, error) {
 	close(s.stop)
 	<-s.done
 	return int(s.sent.Load()), s.err
-}
-
-// burstStateEvent is the EventBridge event of an instance state change.
-func burstStateEvent(id, state string, at time.Time) ([]byte, error) {
-	detail, err := json.Marshal(map[string]string{"instance-id": id, "state": state})
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(events.CloudWatchEvent{
-		Version: "0", ID: fmt.Sprintf("burst-%s-%s", id, state), DetailType: statechange.DetailType, Source: statechange.Source,
-		AccountID: "123456789012", Time: at.UTC().Truncate(time.Second), Region: localstack.Region,
-		Resources: []string{"arn:aws:ec2:" + localstack.Region + ":123456789012:instance/" + id},
-		Detail:    detail,
-	})
 }
 
 // terminalWatch records when each Pod of a namespace is first seen

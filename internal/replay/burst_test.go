@@ -53,7 +53,7 @@ func TestBurst(t *testing.T) {
 		})
 	}
 	if err != nil {
-		t.Fatalf("burst: %v\nreconciler output (tail):\n%s", err, tail(b.Lab.Reconcilers[0].Logs(), 40))
+		t.Fatalf("burst: %v\nreconciler output (tail):\n%s", err, Tail(b.Lab.Reconcilers[0].Logs(), 40))
 	}
 	for action, n := range res.Refused {
 		if n > 0 {

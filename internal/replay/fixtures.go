@@ -299,3 +299,47 @@ func (l *Lab) Prepare(ctx context.Context, dir string, policy corev1.RestartPoli
 	}
 	return sc, nil
 }
+
+// Account is the AWS account the lab's events come from.
+const Account = "123456789012"
+
+// StateChangeEvent is the EventBridge event EC2 sends when an instance
+// reaches state at time at, with the given event id.
+func StateChangeEvent(eventID, instanceID, state string, at time.Time) events.CloudWatchEvent {
+	detail, _ := json.Marshal(map[string]string{"instance-id": instanceID, "state": state})
+	return events.CloudWatchEvent{
+		Version: "0", ID: eventID, DetailType: model.StateChangeDetailType, Source: model.StateChangeSource,
+		AccountID: Account, Time: at, Region: localstack.Region,
+		Resources: []string{"arn:aws:ec2:" + localstack.Region + ":" + Account + ":instance/" + instanceID},
+		Detail:    detail,
+	}
+}
+
+// ExitLogsEvent is the subscription payload CloudWatch Logs delivers for
+// one exit line of the Pod on instance id, the seq-th line of its stream.
+// The line's identity fields are the Pod's and the instance's; its times,
+// when unset, say the container ran for the hour until now.
+func ExitLogsEvent(id string, pod *corev1.Pod, l exitline.Line, seq int) (events.CloudwatchLogsEvent, error) {
+	l.Reaper, l.V, l.InstanceID = exitline.Kind, exitline.Version, id
+	l.PodNamespace, l.PodName, l.PodUID = pod.Namespace, pod.Name, string(pod.UID)
+	if l.Container == "" {
+		l.Container = "main"
+	}
+	if l.FinishedAt.IsZero() {
+		l.FinishedAt = time.Now().UTC()
+	}
+	if l.StartedAt.IsZero() {
+		l.StartedAt = l.FinishedAt.Add(-time.Hour)
+	}
+	msg, err := json.Marshal(l)
+	if err != nil {
+		return events.CloudwatchLogsEvent{}, err
+	}
+	return exitline.Encode(events.CloudwatchLogsData{
+		Owner: Account, LogGroup: model.DefaultLogGroup(localstack.Cluster), LogStream: id,
+		SubscriptionFilters: []string{"reaper-exits"}, MessageType: "DATA_MESSAGE",
+		LogEvents: []events.CloudwatchLogsLogEvent{{
+			ID: fmt.Sprintf("3808%032d", seq), Timestamp: l.FinishedAt.UnixMilli(), Message: string(msg),
+		}},
+	})
+}

@@ -29,22 +29,9 @@ func TestMain(m *testing.M) {
 		code := m.Run()
 		if code != 0 {
 			for name, f := range lab.Functions {
-				fmt.Fprintf(os.Stderr, "--- %s output (tail):\n%s\n", name, tail(f.Logs(), 40))
+				fmt.Fprintf(os.Stderr, "--- %s output (tail):\n%s\n", name, Tail(f.Logs(), 40))
 			}
 		}
 		return code, nil
 	})
-}
-
-func tail(s string, lines int) string {
-	n := 0
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == '\n' {
-			n++
-			if n > lines {
-				return s[i+1:]
-			}
-		}
-	}
-	return s
 }

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/pkg/app/reaperapp"
 	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
@@ -104,7 +105,7 @@ func (l *Lab) Policy() (reaper.Policy, error) {
 	if err != nil {
 		return reaper.Policy{}, err
 	}
-	return reaper.Policy{ExitWait: cfg.ExitWait, TerminateStopped: cfg.TerminateStopped}, nil
+	return reaperapp.Policy(cfg), nil
 }
 
 // LogsSince returns what a function logged after offset once at least

@@ -2,7 +2,6 @@ package replay
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -16,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	corev1 "k8s.io/api/core/v1"
@@ -317,27 +315,16 @@ func (h *propHarness) play(t *testing.T, e propEvent, id string, pod *corev1.Pod
 // Pod on instance id, finished at finished and received at now.
 func exitBatch(t *testing.T, l exitline.Line, id string, pod *corev1.Pod, finished, now time.Time) exitline.Batch {
 	t.Helper()
-	b, err := exitline.FromLogsEvent(exitPayload(t, l, id, pod, finished), now)
+	l.StartedAt, l.FinishedAt = finished.Add(-time.Hour), finished
+	ev, err := ExitLogsEvent(id, pod, l, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := exitline.FromLogsEvent(ev, now)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
-}
-
-// exitPayload is the subscription payload CloudWatch Logs delivers for one
-// exit line of the Pod on instance id, finished at finished.
-func exitPayload(t *testing.T, l exitline.Line, id string, pod *corev1.Pod, finished time.Time) events.CloudwatchLogsEvent {
-	t.Helper()
-	l.Reaper, l.V, l.InstanceID = exitline.Kind, exitline.Version, id
-	l.PodNamespace, l.PodName, l.PodUID, l.Container = pod.Namespace, pod.Name, string(pod.UID), "main"
-	l.StartedAt, l.FinishedAt = finished.Add(-time.Hour), finished
-	msg, _ := json.Marshal(l)
-	ev, err := exitline.Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: id,
-		LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Message: string(msg)}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ev
 }
 
 // endState renders what must not depend on the order: the Pod's phase,

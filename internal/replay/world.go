@@ -126,7 +126,7 @@ func EventFunction(event []byte) (string, error) {
 	switch {
 	case probe.AWSLogs != nil:
 		return metrics.FunctionExitRecorder, nil
-	case probe.Source == statechange.Source && probe.DetailType == statechange.DetailType:
+	case probe.Source == model.StateChangeSource && probe.DetailType == model.StateChangeDetailType:
 		return metrics.FunctionStateChange, nil
 	case probe.DetailType == "Scheduled Event":
 		return metrics.FunctionSweeper, nil

@@ -11,6 +11,13 @@ const (
 	StateStopped      = "stopped"
 )
 
+// The EventBridge events of EC2 instance state changes: the CDK rule
+// selects them, and package statechange accepts nothing else.
+const (
+	StateChangeSource     = "aws.ec2"
+	StateChangeDetailType = "EC2 Instance State-change Notification"
+)
+
 // IsGone reports whether a state means the instance no longer runs its Pod.
 func IsGone(state string) bool {
 	switch state {

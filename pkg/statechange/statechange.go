@@ -13,12 +13,6 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
-// Source and DetailType select the events (the CDK rule filters on them).
-const (
-	Source     = "aws.ec2"
-	DetailType = "EC2 Instance State-change Notification"
-)
-
 // Message is one instance state change.
 type Message struct {
 	InstanceID string
@@ -34,7 +28,7 @@ type detail struct {
 
 // Parse validates an event and extracts the state change.
 func Parse(ev events.CloudWatchEvent) (Message, error) {
-	if ev.Source != Source || ev.DetailType != DetailType {
+	if ev.Source != model.StateChangeSource || ev.DetailType != model.StateChangeDetailType {
 		return Message{}, fmt.Errorf("not an EC2 state change: source %q, detail-type %q", ev.Source, ev.DetailType)
 	}
 	var d detail

@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 func event(detail string) events.CloudWatchEvent {
-	return events.CloudWatchEvent{Source: Source, DetailType: DetailType, Time: time.Date(2026, 11, 30, 7, 0, 0, 0, time.UTC), Detail: json.RawMessage(detail)}
+	return events.CloudWatchEvent{Source: model.StateChangeSource, DetailType: model.StateChangeDetailType, Time: time.Date(2026, 11, 30, 7, 0, 0, 0, time.UTC), Detail: json.RawMessage(detail)}
 }
 
 func TestParse(t *testing.T) {

@@ -333,12 +333,8 @@ func scenarios() map[string]scenario {
 // state is an EC2 state-change event as EventBridge delivers it, at an
 // offset from the recording's start.
 func state(id, st string, at time.Duration) step {
-	detail, _ := json.Marshal(map[string]string{"instance-id": id, "state": st})
-	return step{function: "statechange", event: &events.CloudWatchEvent{
-		Version: "0", ID: eventID(id, st, at), DetailType: "EC2 Instance State-change Notification",
-		Source: "aws.ec2", AccountID: "123456789012", Time: recordedAt.Add(at), Region: "us-east-1",
-		Resources: []string{"arn:aws:ec2:us-east-1:123456789012:instance/" + id}, Detail: detail,
-	}}
+	ev := replay.StateChangeEvent(eventID(id, st, at), id, st, recordedAt.Add(at))
+	return step{function: "statechange", event: &ev}
 }
 
 // sweep is the schedule's event.

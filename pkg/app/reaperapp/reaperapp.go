@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/reaper-k8s/reaper/pkg/app"
+	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
@@ -31,13 +32,18 @@ type Clients struct {
 	Kube *rest.Config
 }
 
+// Policy is the decision policy a configuration sets.
+func Policy(cfg config.Config) reaper.Policy {
+	return reaper.Policy{ExitWait: cfg.ExitWait, TerminateStopped: cfg.TerminateStopped}
+}
+
 // New wires the Reaper of the setup's function.
 func New(ctx context.Context, s app.Setup, c Clients) (*reaper.Reaper, error) {
 	cfg := s.Config
 	c.Clients = c.Clients.WithDefaults(s)
 	r := &reaper.Reaper{
 		Queue:   c.Queue,
-		Policy:  reaper.Policy{ExitWait: cfg.ExitWait, TerminateStopped: cfg.TerminateStopped},
+		Policy:  Policy(cfg),
 		Log:     s.Log,
 		Metrics: s.Metrics(),
 		Now:     s.Now,
