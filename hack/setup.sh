@@ -47,7 +47,7 @@ build_kube() {
 }
 kas=$bin/kube-apiserver-$KUBE_VERSION
 kcm=$bin/kube-controller-manager-$KUBE_VERSION
-build_kube kube-apiserver "about 6 minutes"
+build_kube kube-apiserver "about 10 minutes with its module downloads"
 build_kube kube-controller-manager "about 3 more minutes"
 
 # Go tools: the Lambda runtime interface emulator and staticcheck.
