@@ -140,7 +140,7 @@ func (r *Reaper) ReconcileMany(ctx context.Context, recs []ledger.Record, known 
 	_ = forEach(ctx, live, func(i int) error {
 		rep, w := reps[i], works[i]
 		var markErr error
-		if done, write := r.done(w.view, rep.Plan, rep, w.podErr, w.termErr); write {
+		if done, write := r.done(w.view, rep.Plan, w.podErr, w.termErr); write {
 			markErr = r.Ledger.MarkDone(ctx, rep.InstanceID, done)
 		}
 		r.recordSteps(w.view, rep)
@@ -210,12 +210,12 @@ func (r *Reaper) reject(ctx context.Context, rec ledger.Record, inst instances.I
 // done is what the ledger must learn after the steps: the steps that
 // succeeded and whether the record is settled (it then leaves the pending
 // index). write is false when that changes nothing.
-func (r *Reaper) done(rec ledger.Record, plan Plan, rep Report, podErr, termErr error) (done ledger.Done, write bool) {
+func (r *Reaper) done(rec ledger.Record, plan Plan, podErr, termErr error) (done ledger.Done, write bool) {
 	after := rec
-	if plan.Pod != nil && podErr == nil && rep.PodResult != kube.DryRun {
+	if plan.Pod != nil && podErr == nil {
 		done.PodSynced, after.PodSynced = plan.Pod.Key(), plan.Pod.Key()
 	}
-	if plan.Terminate && termErr == nil && rep.TerminateResult != instances.WouldTerminate {
+	if plan.Terminate && termErr == nil {
 		done.Terminated, after.Terminated = true, r.Now()
 	}
 	next := Decide(after, r.Now(), r.Policy)
