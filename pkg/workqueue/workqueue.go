@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -161,25 +162,46 @@ func (q *Queue) Send(ctx context.Context, delay time.Duration, msgs ...Message) 
 		bodies[i] = string(b)
 	}
 	seconds := int32(min(max(delay, 0), MaxDelay) / time.Second)
-	var errs []error
-	for _, batch := range batches(bodies) {
-		failed, err := q.sendBatch(ctx, batch, seconds)
-		if err == nil && len(failed) > 0 {
-			// SQS refuses entries one by one (an internal error, say);
-			// the SDK retries whole requests only.
-			failed, err = q.sendBatch(ctx, failed, seconds)
-		}
-		if err == nil && len(failed) > 0 {
-			err = fmt.Errorf("%d of %d entries refused", len(failed), len(batch))
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
+	reqs := batches(bodies)
+	errs := make([]error, len(reqs))
+	// A reconciler defers up to a whole batch (10,000 messages, 1,000
+	// requests) inside the seconds it keeps for settling: the requests go
+	// out sendWorkers at a time.
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(sendWorkers, len(reqs)) {
+		wg.Go(func() {
+			for i := range next {
+				errs[i] = q.sendAll(ctx, reqs[i], seconds)
+			}
+		})
 	}
+	for i := range reqs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("work queue: %w", err)
 	}
 	return nil
+}
+
+// sendWorkers bounds a Send's requests in flight.
+const sendWorkers = 8
+
+// sendAll sends one request's bodies; entries SQS refuses one by one (an
+// internal error, say) are sent again once, as the SDK retries whole
+// requests only.
+func (q *Queue) sendAll(ctx context.Context, batch []string, seconds int32) error {
+	failed, err := q.sendBatch(ctx, batch, seconds)
+	if err == nil && len(failed) > 0 {
+		failed, err = q.sendBatch(ctx, failed, seconds)
+	}
+	if err == nil && len(failed) > 0 {
+		err = fmt.Errorf("%d of %d entries refused", len(failed), len(batch))
+	}
+	return err
 }
 
 // sendBatch sends one SendMessageBatch and returns the bodies SQS did not
