@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/podstatus"
 )
@@ -55,6 +58,12 @@ const maxConflicts = 5
 type StatusWriter struct {
 	client rest.Interface
 	now    func() time.Time
+	// Log receives what does not fail a step but must be seen: an Event
+	// that could not be posted. nil logs to slog.Default().
+	Log *slog.Logger
+	// Metrics counts the Events that could not be posted
+	// (metrics.EventsNotPosted); nil counts nothing.
+	Metrics *metrics.Recorder
 }
 
 // NewStatusWriter returns a writer over a core/v1 client (NewClient).
@@ -71,96 +80,145 @@ type Snapshot struct {
 	pod    *corev1.Pod // set when Current
 }
 
-// Read reads the Pod ref names. A caller that reads ahead, while it does
-// other work, hands the snapshot to Apply, which then saves its own read.
-func (w *StatusWriter) Read(ctx context.Context, ref model.PodRef) (Snapshot, error) {
+// snapshot is what a read that found pod (nil: no Pod of that name) says
+// about ref.
+func snapshot(ref model.PodRef, pod *corev1.Pod) Snapshot {
 	snap := Snapshot{Ref: ref}
-	var pod corev1.Pod
-	err := w.client.Get().Namespace(ref.Namespace).Resource("pods").Name(ref.Name).Do(ctx).Into(&pod)
 	switch {
-	case apierrors.IsNotFound(err):
+	case pod == nil:
 		snap.Result = PodGone
-	case err != nil:
-		return snap, fmt.Errorf("get pod %s: %w", ref, err)
 	case string(pod.UID) != ref.UID:
 		snap.Result = PodReplaced
 	case podstatus.Terminal(pod.Status.Phase):
 		snap.Result = AlreadyTerminal
 	default:
-		snap.Result, snap.pod = Current, &pod
+		snap.Result, snap.pod = Current, pod
 	}
-	return snap, nil
+	return snap
 }
 
-// Apply makes the Pod carry the outcome. It never rewrites a Pod that is
-// already Succeeded or Failed: it patches with the resourceVersion it read,
-// so a Pod that changed in between (and may have ended) comes back as a
-// conflict and is read again. The patch also carries the Pod's UID, so a
-// replacement Pod of the same name is never written. An Event on the Pod
-// says what Reaper did.
+// Read reads the Pod ref names with one GET. A caller that reads ahead,
+// while it does other work, hands the snapshot to ApplyTo, which then
+// saves its own read; ReadMany reads many Pods in fewer requests.
+func (w *StatusWriter) Read(ctx context.Context, ref model.PodRef) (Snapshot, error) {
+	pod, err := w.getPod(ctx, ref)
+	if err != nil {
+		return Snapshot{Ref: ref}, err
+	}
+	return snapshot(ref, pod), nil
+}
+
+// getPod reads the Pod of ref's namespace and name, whatever its UID; nil
+// when there is none.
+func (w *StatusWriter) getPod(ctx context.Context, ref model.PodRef) (*corev1.Pod, error) {
+	var pod corev1.Pod
+	err := w.client.Get().Namespace(ref.Namespace).Resource("pods").Name(ref.Name).Do(ctx).Into(&pod)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("get pod %s: %w", ref, err)
+	}
+	return &pod, nil
+}
+
+// Apply reads the Pod ref names and makes it carry the outcome (ApplyTo).
 func (w *StatusWriter) Apply(ctx context.Context, ref model.PodRef, o model.Outcome) (Result, error) {
-	for range maxConflicts {
-		snap, status, res, err := w.decide(ctx, ref, o)
-		if res != "" || err != nil {
-			return res, err
+	snap, err := w.Read(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	return w.ApplyTo(ctx, snap, o)
+}
+
+// ApplyTo makes the Pod of a snapshot (from Read or ReadMany) carry the
+// outcome, with no read of its own first. A snapshot that is not Current
+// is its own answer, and nothing is written. It never rewrites a Pod that
+// is already Succeeded or Failed: it patches with the resourceVersion of
+// the snapshot, so a Pod that changed since (and may have ended) comes back
+// as a conflict and is read again. The patch also carries the Pod's UID,
+// so a replacement Pod of the same name is never written. Once the patch
+// has landed, an Event on the Pod says what Reaper did; an Event that
+// cannot be posted is logged and counted, and the result is still Patched.
+func (w *StatusWriter) ApplyTo(ctx context.Context, snap Snapshot, o model.Outcome) (Result, error) {
+	for attempt := range maxConflicts {
+		if attempt > 0 || (snap.Result == Current && snap.pod == nil) {
+			// After a conflict, or for a snapshot not made by a read.
+			var err error
+			if snap, err = w.Read(ctx, snap.Ref); err != nil {
+				return "", err
+			}
 		}
-		res, err = w.write(ctx, snap.pod, o, status)
+		status, res := w.plan(snap, o)
+		if res != "" {
+			return res, nil
+		}
+		res, err := w.write(ctx, snap.pod, o, status)
 		if res == conflict {
 			continue
 		}
 		return res, err
 	}
-	return "", fmt.Errorf("patch pod %s status: still conflicting after %d attempts", ref, maxConflicts)
+	return "", fmt.Errorf("patch pod %s status: still conflicting after %d attempts", snap.Ref, maxConflicts)
 }
 
-// decide reads the Pod and returns the status it must be patched to, or
-// (res set) why it needs no write.
-func (w *StatusWriter) decide(ctx context.Context, ref model.PodRef, o model.Outcome) (Snapshot, corev1.PodStatus, Result, error) {
-	snap, err := w.Read(ctx, ref)
-	if err != nil || snap.Result != Current {
-		return snap, corev1.PodStatus{}, snap.Result, err
+// plan returns the status the snapshot's Pod must be patched to, or (res
+// set) why it needs no write.
+func (w *StatusWriter) plan(snap Snapshot, o model.Outcome) (corev1.PodStatus, Result) {
+	if snap.Result != Current {
+		return corev1.PodStatus{}, snap.Result
 	}
 	status, ok := podstatus.Build(snap.pod, o, w.now())
 	if !ok {
-		return snap, status, Current, nil
+		return status, Current
 	}
-	return snap, status, "", nil
+	return status, ""
 }
 
-// ReadOnly is the Pod writer of a dry run: it reads the Pod and decides as
-// StatusWriter.Apply does, and answers DryRun where Apply would write.
+// ReadOnly is the Pod writer of a dry run: it reads Pods and decides as
+// StatusWriter does, and answers DryRun where StatusWriter would write.
 type ReadOnly struct {
 	*StatusWriter
 }
 
-// Apply decides the write and makes none.
+// Apply reads the Pod and decides the write, and makes none.
 func (w ReadOnly) Apply(ctx context.Context, ref model.PodRef, o model.Outcome) (Result, error) {
-	_, _, res, err := w.decide(ctx, ref, o)
-	if res == "" && err == nil {
-		res = DryRun
+	snap, err := w.Read(ctx, ref)
+	if err != nil {
+		return "", err
 	}
-	return res, err
+	return w.ApplyTo(ctx, snap, o)
+}
+
+// ApplyTo decides the write from the snapshot and makes none.
+func (w ReadOnly) ApplyTo(ctx context.Context, snap Snapshot, o model.Outcome) (Result, error) {
+	if snap.Result == Current && snap.pod == nil {
+		var err error
+		if snap, err = w.Read(ctx, snap.Ref); err != nil {
+			return "", err
+		}
+	}
+	if _, res := w.plan(snap, o); res != "" {
+		return res, nil
+	}
+	return DryRun, nil
 }
 
 // conflict is write's answer when the Pod changed since it was read.
 const conflict Result = "conflict"
 
-// write patches the Pod's status and posts the Event. The Event does not
-// wait for the patch: what it says is known before the patch, and its name
-// is derived from the Pod's UID and the outcome, so the post after a
-// conflicting or failed attempt finds the same Event (AlreadyExists) rather
-// than making a second one. Posting it after the patch would add a round
-// trip to every exit.
+// write patches the Pod's status and, once the patch has landed, posts the
+// Event saying what happened. The Event waits for the patch because until
+// then what it would say is not known: the Pod may turn out replaced, gone
+// or changed.
 func (w *StatusWriter) write(ctx context.Context, pod *corev1.Pod, o model.Outcome, status corev1.PodStatus) (Result, error) {
 	patch, err := statusPatch(pod, status)
 	if err != nil {
 		return "", err
 	}
-	posted := make(chan error, 1)
-	go func() { posted <- w.event(ctx, pod, o, status.Phase) }()
+	var patched corev1.Pod
 	err = w.client.Patch(types.StrategicMergePatchType).Namespace(pod.Namespace).Resource("pods").Name(pod.Name).
-		SubResource("status").Param("fieldManager", Component).Body(patch).Do(ctx).Error()
-	evErr := <-posted
+		SubResource("status").Param("fieldManager", Component).Body(patch).Do(ctx).Into(&patched)
 	switch {
 	case apierrors.IsConflict(err):
 		return conflict, nil
@@ -171,7 +229,20 @@ func (w *StatusWriter) write(ctx context.Context, pod *corev1.Pod, o model.Outco
 	case err != nil:
 		return "", fmt.Errorf("patch pod %s/%s status: %w", pod.Namespace, pod.Name, err)
 	}
-	return Patched, evErr
+	if err := w.event(ctx, &patched, o); err != nil {
+		// The status is what matters and it is written: the step is done.
+		w.logger().LogAttrs(ctx, slog.LevelWarn, "event not posted", slog.String("pod", pod.Namespace+"/"+pod.Name),
+			slog.String("error", err.Error()))
+		w.Metrics.Count(metrics.EventsNotPosted, 1)
+	}
+	return Patched, nil
+}
+
+func (w *StatusWriter) logger() *slog.Logger {
+	if w.Log != nil {
+		return w.Log
+	}
+	return slog.Default()
 }
 
 // statusPatch is a strategic-merge patch of the status with the UID and
@@ -200,14 +271,14 @@ func isUIDMismatch(err error) bool {
 	return false
 }
 
-// event posts what Reaper did. Its name is derived from the Pod and the
-// outcome, so a retried step posts it once.
-func (w *StatusWriter) event(ctx context.Context, pod *corev1.Pod, o model.Outcome, phase corev1.PodPhase) error {
-	reason, msg, kind := podstatus.Event(o, phase)
-	sum := sha256.Sum256([]byte(string(pod.UID) + "/" + o.Key()))
+// event posts what Reaper did to pod (as the patch left it). Its name is
+// derived from the Pod's UID and the outcome, so a retried step posts it
+// once.
+func (w *StatusWriter) event(ctx context.Context, pod *corev1.Pod, o model.Outcome) error {
+	reason, msg, kind := podstatus.Event(o, pod.Status.Phase)
 	now := metav1.NewTime(w.now())
 	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Name: pod.Name + "." + hex.EncodeToString(sum[:8]), Namespace: pod.Namespace},
+		ObjectMeta: metav1.ObjectMeta{Name: eventName(pod, o), Namespace: pod.Namespace},
 		InvolvedObject: corev1.ObjectReference{
 			Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
 		},
@@ -226,4 +297,22 @@ func (w *StatusWriter) event(ctx context.Context, pod *corev1.Pod, o model.Outco
 		return fmt.Errorf("post event on pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return nil
+}
+
+// maxNameLength is the longest name a DNS subdomain, which Pod and Event
+// names are, may have.
+const maxNameLength = 253
+
+// eventName is "<Pod name>.<hash of the Pod's UID and the outcome>", the
+// Pod name's part cut short where the whole would exceed maxNameLength: a
+// cut valid name, its trailing '-' and '.' trimmed, is still a DNS
+// subdomain, and the hash keeps it unique.
+func eventName(pod *corev1.Pod, o model.Outcome) string {
+	sum := sha256.Sum256([]byte(string(pod.UID) + "/" + o.Key()))
+	suffix := "." + hex.EncodeToString(sum[:8])
+	prefix := pod.Name
+	if len(prefix) > maxNameLength-len(suffix) {
+		prefix = strings.TrimRight(prefix[:maxNameLength-len(suffix)], "-.")
+	}
+	return prefix + suffix
 }

@@ -59,6 +59,10 @@ const (
 	// WorkItemsFailed: instances the reconciler returned as batch item
 	// failures; SQS delivers them again after the visibility timeout.
 	WorkItemsFailed = "WorkItemsFailed"
+	// EventsNotPosted: Events on a Pod that could not be posted after its
+	// status was written. The step still counts as done: the status is
+	// what matters, the Event only says why.
+	EventsNotPosted = "EventsNotPosted"
 )
 
 // Latencies (unit Milliseconds), from the container's finishedAt in the
