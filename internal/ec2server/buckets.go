@@ -89,6 +89,37 @@ func (s *Server) DisableBuckets() {
 	s.buckets = nil
 }
 
+// HoldEmpty keeps the buckets action draws on empty for d from now, as the
+// account's other tools do when they spend every token as it comes: every
+// request for action is refused (RequestLimitExceeded, HTTP 503, recorded
+// with Refused set) until then, and afterwards its buckets refill from
+// empty. action is TerminateInstances (its request and resource buckets),
+// StopInstances (the same) or DescribeInstances (both of its request
+// buckets). A bucket that does not limit (zero Capacity) stays so. It needs
+// EnableBuckets, whose next call ends the hold.
+func (s *Server) HoldEmpty(action string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.buckets == nil {
+		panic("ec2server: HoldEmpty before EnableBuckets")
+	}
+	var held []*bucket
+	switch action {
+	case "TerminateInstances":
+		held = []*bucket{&s.buckets.terminate, &s.buckets.terminateResource}
+	case "StopInstances":
+		held = []*bucket{&s.buckets.stop, &s.buckets.stopResource}
+	case "DescribeInstances":
+		held = []*bucket{&s.buckets.describe, &s.buckets.describeUnfiltered}
+	default:
+		panic(fmt.Sprintf("ec2server: %s has no bucket to hold", action))
+	}
+	until := time.Now().Add(d)
+	for _, b := range held {
+		b.heldUntil = until
+	}
+}
+
 // Refusals returns how many requests for action the token buckets refused
 // since New or ResetCalls.
 func (s *Server) Refusals(action string) int {
@@ -108,12 +139,22 @@ type bucket struct {
 	rate     float64 // tokens per second, time scale applied
 	tokens   float64
 	last     time.Time
+	// heldUntil is when others stop holding b empty (HoldEmpty).
+	heldUntil time.Time
 }
 
 // covers refills b up to now and reports whether it holds n tokens.
 func (b *bucket) covers(n float64, now time.Time) bool {
 	if b.capacity == 0 {
 		return true
+	}
+	if b.last.Before(b.heldUntil) {
+		// Others took every token until heldUntil: b refills from empty
+		// from then on.
+		b.tokens, b.last = 0, b.heldUntil
+		if now.Before(b.last) {
+			b.last = now
+		}
 	}
 	if now.After(b.last) {
 		b.tokens = min(b.capacity, b.tokens+now.Sub(b.last).Seconds()*b.rate)

@@ -59,3 +59,21 @@ func TestEnableBucketsScalesRefillOnly(t *testing.T) {
 	}()
 	s.EnableBuckets(PublishedLimits(), 0)
 }
+
+func TestBucketHeldEmpty(t *testing.T) {
+	t0 := time.Now()
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	b := bucket{capacity: 4, rate: 2, tokens: 4, last: t0, heldUntil: at(time.Second)}
+
+	if b.covers(1, t0) || b.covers(1, at(999*time.Millisecond)) {
+		t.Fatal("a held bucket covers a token")
+	}
+	// From the end of the hold it refills from empty: half a token at
+	// 1.25 s, one at 1.5 s, not the capacity it had before.
+	if b.covers(1, at(1250*time.Millisecond)) {
+		t.Error("the hold's time refilled the bucket")
+	}
+	if !b.covers(1, at(1500*time.Millisecond)) || b.covers(1.5, at(1500*time.Millisecond)) {
+		t.Errorf("at 1.5 s: tokens = %v, want 1", b.tokens)
+	}
+}

@@ -395,3 +395,32 @@ func TestBucketsConcurrentUse(t *testing.T) {
 		t.Errorf("Refusals = %d, want %d", n, refused)
 	}
 }
+
+// The account's other tools hold the Terminate buckets empty: every
+// TerminateInstances is refused, as the buckets refuse, until the hold
+// ends; DescribeInstances is not held. (That they refill from empty is
+// TestBucketHeldEmpty's.)
+func TestBucketsHeldEmpty(t *testing.T) {
+	ctx := context.Background()
+	client, srv := newClient(t, noRetries)
+	id := srv.AddInstance(ec2server.Instance{}).ID
+	const hold = time.Second
+	srv.EnableBuckets(ec2server.PublishedLimits(), 10) // 50 requests, 200 instances a second
+	srv.HoldEmpty("TerminateInstances", hold)
+	start := time.Now()
+
+	wantRefused(t, terminate(ctx, client, id), "terminate while held")
+	if _, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}}); err != nil {
+		t.Fatalf("describe while terminate is held: %v", err)
+	}
+	calls := srv.Calls()
+	if c := calls[0]; !c.Refused || c.Injected {
+		t.Errorf("held call recorded as %+v, want refused by the buckets", c)
+	}
+	wantState(t, srv, ec2server.Running, id)
+
+	time.Sleep(time.Until(start.Add(hold + 100*time.Millisecond)))
+	if err := terminate(ctx, client, id); err != nil {
+		t.Fatalf("terminate after the hold: %v", err)
+	}
+}
