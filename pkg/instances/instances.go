@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -48,10 +49,11 @@ func NewFleet(client *ec2.Client, keys model.TagKeys, cluster string) *Fleet {
 }
 
 // Pace makes the Fleet spend at most budget's tokens: each call waits for
-// its tokens, and a call whose tokens would come after its context's
-// deadline is not made (ErrNoTokens). waited, when not nil, is told each
-// wait. Without Pace a Fleet calls at once and leaves throttling to the
-// SDK's retries.
+// its tokens, a TerminateInstances names as many instances as the tokens
+// that come before its context's deadline cover, and the work whose
+// tokens would come later is not done but returned as Deferred. waited,
+// when not nil, is told each wait. Without Pace a Fleet calls at once and
+// leaves throttling to the SDK's retries.
 func (f *Fleet) Pace(budget model.Budget, waited func(time.Duration)) *Fleet {
 	f.pacer = newPacer(budget, waited)
 	return f
@@ -62,15 +64,28 @@ func (f *Fleet) Pace(budget model.Budget, waited func(time.Duration)) *Fleet {
 // match instead of failing the whole call.
 const describeChunk = 200
 
-// Describe returns the instances among ids that EC2 knows. Instances it
-// does not know (never existed, or terminated long ago) are absent.
+// Describe returns the instances among ids that EC2 knows, describing
+// them describeChunk at a time, in order. Instances it does not know (never
+// existed, or terminated long ago) are absent. When the tokens for the
+// next call would come after the deadline, or EC2 keeps refusing it, the
+// instances found so far come with a *Deferred naming the ids not
+// described.
 func (f *Fleet) Describe(ctx context.Context, ids []string) (map[string]Instance, error) {
 	found := make(map[string]Instance, len(ids))
-	for chunk := range slices.Chunk(ids, describeChunk) {
+	for start := 0; start < len(ids); start += describeChunk {
+		chunk := ids[start:min(start+describeChunk, len(ids))]
+		// A chunk counts only when described whole: an id absent from a
+		// chunk cut short is not known to be gone.
+		described := make(map[string]Instance, len(chunk))
 		in := &ec2.DescribeInstancesInput{Filters: []types.Filter{{Name: aws.String("instance-id"), Values: chunk}}}
-		if err := f.describe(ctx, in, func(i Instance) error { found[i.ID] = i; return nil }); err != nil {
+		err := f.describe(ctx, in, func(i Instance) error { described[i.ID] = i; return nil })
+		if forLater(err) {
+			return found, &Deferred{IDs: slices.Clone(ids[start:]), Cause: err}
+		}
+		if err != nil {
 			return nil, err
 		}
+		maps.Copy(found, described)
 	}
 	return found, nil
 }
@@ -95,6 +110,9 @@ func (f *Fleet) describe(ctx context.Context, in *ec2.DescribeInstancesInput, fn
 			return fmt.Errorf("describe instances: %w", err)
 		}
 		page, err := p.NextPage(ctx)
+		if refused(err) {
+			f.pacer.describeRefused()
+		}
 		if err != nil {
 			return fmt.Errorf("describe instances: %w", err)
 		}
@@ -152,27 +170,45 @@ const (
 // TerminateInstances takes at most this many ids a call.
 const terminateChunk = 1000
 
-// Terminate ends the owned instances among ids with one tag lookup and
-// at most one TerminateInstances call per 1000 ids. Instances already gone
-// count as done. Known instances can be passed to skip the lookup.
+// Terminate ends the owned instances among ids with one tag lookup and as
+// few TerminateInstances calls as its tokens allow, at most 1,000 ids each,
+// in the order given. Instances already gone count as done. Known
+// instances can be passed to skip the lookup.
+//
+// The returned map holds every id decided. When the tokens run out before
+// the deadline, or EC2 keeps refusing, the error is a *Deferred naming the
+// ids not reached: the targets left, then the ids the lookup could not
+// describe.
 func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Termination, error) {
-	out, targets, err := f.triage(ctx, ids, known)
+	out, targets, undescribed, err := f.triage(ctx, ids, known)
 	if err != nil {
 		return nil, err
 	}
-	for chunk := range slices.Chunk(targets, terminateChunk) {
-		if err := f.pacer.terminateCall(ctx, len(chunk)); err != nil {
-			return out, fmt.Errorf("terminate %d instances: %w", len(chunk), err)
+	for len(targets) > 0 {
+		n, err := f.pacer.terminateCall(ctx, len(targets))
+		if err != nil {
+			return out, deferRest(targets, undescribed, fmt.Errorf("terminate %d instances: %w", len(targets), err))
 		}
-		_, err := f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: chunk})
-		if isNotFound(err) && len(chunk) > 1 {
+		chunk := targets[:n]
+		_, err = f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: chunk})
+		if refused(err) {
+			f.pacer.terminateRefused()
+			return out, deferRest(targets, undescribed, fmt.Errorf("terminate %d instances: %w", n, err))
+		}
+		if isNotFound(err) && n > 1 {
 			// Some vanished since the lookup; the call is all-or-nothing, so
 			// retry one by one and let each answer for itself.
-			for _, id := range chunk {
-				if err := f.pacer.terminateCall(ctx, 1); err != nil {
-					return out, fmt.Errorf("terminate %s: %w", id, err)
+			for j, id := range chunk {
+				_, err := f.pacer.terminateCall(ctx, 1)
+				if err == nil {
+					_, err = f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
+					if refused(err) {
+						f.pacer.terminateRefused()
+					}
 				}
-				_, err := f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
+				if forLater(err) {
+					return out, deferRest(targets[j:], undescribed, fmt.Errorf("terminate %s: %w", id, err))
+				}
 				if err != nil && !isNotFound(err) {
 					return out, fmt.Errorf("terminate %s: %w", id, err)
 				}
@@ -181,6 +217,7 @@ func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]In
 					out[id] = AlreadyGone
 				}
 			}
+			targets = targets[n:]
 			continue
 		}
 		if err != nil && !isNotFound(err) {
@@ -192,22 +229,50 @@ func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]In
 				out[id] = AlreadyGone
 			}
 		}
+		targets = targets[n:]
+	}
+	if undescribed != nil {
+		return out, undescribed
 	}
 	return out, nil
 }
 
+// deferRest is the error of a Terminate that did not reach targets, nor
+// the ids its lookup left undescribed.
+func deferRest(targets []string, undescribed *Deferred, cause error) error {
+	if !forLater(cause) {
+		return cause
+	}
+	d := &Deferred{IDs: slices.Clone(targets), Cause: cause}
+	if undescribed != nil {
+		d.IDs = append(d.IDs, undescribed.IDs...)
+		d.Cause = errors.Join(cause, undescribed.Cause)
+	}
+	return d
+}
+
 // triage answers for the ids that need no TerminateInstances (gone, or not
-// this deployment's) and returns the others as targets.
-func (f *Fleet) triage(ctx context.Context, ids []string, known map[string]Instance) (out map[string]Termination, targets []string, err error) {
+// this deployment's) and returns the others as targets, in order. When the
+// lookup could not describe every id, undescribed names the rest, which
+// are neither answered nor targets.
+func (f *Fleet) triage(ctx context.Context, ids []string, known map[string]Instance) (out map[string]Termination, targets []string, undescribed *Deferred, err error) {
 	if known == nil {
-		if known, err = f.Describe(ctx, ids); err != nil {
-			return nil, nil, err
+		if known, err = f.Describe(ctx, ids); err != nil && !errors.As(err, &undescribed) {
+			return nil, nil, nil, err
+		}
+	}
+	var later map[string]bool
+	if undescribed != nil {
+		later = make(map[string]bool, len(undescribed.IDs))
+		for _, id := range undescribed.IDs {
+			later[id] = true
 		}
 	}
 	out = make(map[string]Termination, len(ids))
 	for _, id := range ids {
 		i, ok := known[id]
 		switch {
+		case later[id]:
 		case !ok || model.IsEnding(i.State):
 			out[id] = AlreadyGone
 		case !i.Owned:
@@ -216,23 +281,49 @@ func (f *Fleet) triage(ctx context.Context, ids []string, known map[string]Insta
 			targets = append(targets, id)
 		}
 	}
-	return out, targets, nil
+	return out, targets, undescribed, nil
 }
 
 // ReadOnly is the fleet of a dry run: it describes as Fleet does, decides
 // each termination as Fleet.Terminate does, and answers WouldTerminate where
-// Terminate would send TerminateInstances.
+// Terminate would send TerminateInstances. It sends none, so it spends no
+// terminate tokens: only what its lookup could not describe is deferred.
 type ReadOnly struct {
 	*Fleet
 }
 
 // Terminate decides and terminates nothing.
 func (f ReadOnly) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Termination, error) {
-	out, targets, err := f.triage(ctx, ids, known)
+	out, targets, undescribed, err := f.triage(ctx, ids, known)
+	if err != nil {
+		return nil, err
+	}
 	for _, id := range targets {
 		out[id] = WouldTerminate
 	}
-	return out, err
+	if undescribed != nil {
+		return out, undescribed
+	}
+	return out, nil
+}
+
+// refused reports whether EC2 kept refusing a call until the SDK gave up:
+// a RequestLimitExceeded that outlasted its retries, or the deadline
+// reached while it waited to retry.
+func refused(err error) bool {
+	var ae smithy.APIError
+	if errors.As(err, &ae) && ae.ErrorCode() == "RequestLimitExceeded" {
+		return true
+	}
+	var canceled *aws.RequestCanceledError
+	return errors.As(err, &canceled) && errors.Is(canceled.Err, context.DeadlineExceeded)
+}
+
+// forLater reports whether err leaves a call's work for later rather than
+// failing it: its tokens would have come after the deadline, or EC2 kept
+// refusing it.
+func forLater(err error) bool {
+	return errors.Is(err, ErrNoTokens) || refused(err)
 }
 
 func isNotFound(err error) bool {

@@ -3,6 +3,7 @@ package instances
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -14,6 +15,30 @@ import (
 // because its share of a bucket would not cover them before the context's
 // deadline. The work is not failed: it is for later.
 var ErrNoTokens = errors.New("EC2 token budget spent until the deadline")
+
+// Deferred is the error of a call that did part of its work: IDs, in the
+// order they were given, were not reached, for want of tokens before the
+// deadline or because EC2 kept refusing (RequestLimitExceeded) until then.
+// Nothing was done to them; they are for a later call. errors.Is(err,
+// ErrNoTokens) holds for it, and errors.As reaches the Cause.
+type Deferred struct {
+	IDs   []string
+	Cause error
+}
+
+func (d *Deferred) Error() string {
+	return fmt.Sprintf("%d instances deferred: %v", len(d.IDs), d.Cause)
+}
+
+// Unwrap makes the error ErrNoTokens, whatever its cause, so that callers
+// that defer work on ErrNoTokens defer these IDs too.
+func (d *Deferred) Unwrap() []error { return []error{ErrNoTokens, d.Cause} }
+
+// callTime is what a call is left of its context: it starts only when
+// its tokens come at least callTime before the deadline, so that it is not
+// cut off while EC2 answers (in well under a second for a
+// DescribeInstances or a TerminateInstances of 1,000 ids).
+const callTime = time.Second
 
 // pacer spends a model.Budget's tokens at most as fast as the buckets refill, so
 // that Reaper's calls are never refused and leave the rest to the account's
@@ -29,39 +54,63 @@ func newPacer(b model.Budget, waited func(time.Duration)) *pacer {
 	return &pacer{describe: l(b.Describe), terminate: l(b.Terminate), terminateInstances: l(b.TerminateInstances), waited: waited}
 }
 
-// take waits for n tokens of l, reserved a burst at a time (a limiter
-// grants at most its burst at once), or returns ErrNoTokens at once, taking
-// nothing, when they would come after ctx's deadline.
-func (p *pacer) take(ctx context.Context, l *rate.Limiter, n int) error {
+// take waits for the tokens of one call: one of request's and, with a
+// resource limiter, one per item named, for up to want items and at most
+// resource's burst (a limiter grants no more at once). It returns how many
+// items the call may name: want, or fewer when no more come callTime
+// before ctx's deadline. When not even one would, it takes nothing and
+// returns ErrNoTokens at once.
+func (p *pacer) take(ctx context.Context, request, resource *rate.Limiter, want int) (int, error) {
 	now := time.Now()
-	var rs []*rate.Reservation
-	cancel := func() {
-		for i := len(rs) - 1; i >= 0; i-- {
-			rs[i].CancelAt(now)
+	n := want
+	if resource != nil {
+		n = min(n, resource.Burst())
+	}
+	deadline, bounded := ctx.Deadline()
+	latest := deadline.Add(-callTime)
+	if bounded {
+		if now.After(latest) {
+			return 0, ErrNoTokens
+		}
+		if resource != nil {
+			n = min(n, int(resource.TokensAt(latest)))
+		}
+		if n < 1 || request.TokensAt(latest) < 1 {
+			return 0, ErrNoTokens
 		}
 	}
-	for ; n > 0; n -= l.Burst() {
-		rs = append(rs, l.ReserveN(now, min(n, l.Burst())))
+	rs := []*rate.Reservation{request.ReserveN(now, 1)}
+	if resource != nil {
+		rs = append(rs, resource.ReserveN(now, n))
 	}
-	wait := rs[len(rs)-1].DelayFrom(now)
-	if deadline, ok := ctx.Deadline(); ok && now.Add(wait).After(deadline) {
+	cancel := func() {
+		for _, r := range rs {
+			r.CancelAt(now)
+		}
+	}
+	var wait time.Duration
+	for _, r := range rs {
+		wait = max(wait, r.DelayFrom(now))
+	}
+	// Another call may have reserved the same tokens since TokensAt.
+	if bounded && now.Add(wait).After(latest) {
 		cancel()
-		return ErrNoTokens
+		return 0, ErrNoTokens
 	}
 	if p.waited != nil {
 		p.waited(wait)
 	}
 	if wait <= 0 {
-		return nil
+		return n, nil
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return nil
+		return n, nil
 	case <-ctx.Done():
 		cancel()
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
 }
 
@@ -71,17 +120,44 @@ func (p *pacer) describeCall(ctx context.Context) error {
 	if p == nil {
 		return nil
 	}
-	return p.take(ctx, p.describe, 1)
+	_, err := p.take(ctx, p.describe, nil, 1)
+	return err
 }
 
 // terminateCall waits for the tokens of one TerminateInstances request
-// naming n instances: a request token and n resource tokens.
-func (p *pacer) terminateCall(ctx context.Context, n int) error {
+// naming up to want instances, and returns how many it may name: at most
+// terminateChunk, and for a pacer as many as its share of the request and
+// resource buckets covers before the deadline. A nil pacer does not wait.
+func (p *pacer) terminateCall(ctx context.Context, want int) (int, error) {
+	want = min(want, terminateChunk)
 	if p == nil {
-		return nil
+		return want, nil
 	}
-	if err := p.take(ctx, p.terminateInstances, n); err != nil {
-		return err
+	return p.take(ctx, p.terminate, p.terminateInstances, want)
+}
+
+// describeRefused and terminateRefused back off after EC2 refused a call
+// (RequestLimitExceeded): some other tool holds the bucket empty, so the
+// tokens at hand of the call's limiters are dropped, and the next call
+// waits for a refill of Reaper's share instead of being refused again at
+// once.
+func (p *pacer) describeRefused() {
+	if p != nil {
+		drain(p.describe)
 	}
-	return p.take(ctx, p.terminate, 1)
+}
+
+func (p *pacer) terminateRefused() {
+	if p != nil {
+		drain(p.terminate, p.terminateInstances)
+	}
+}
+
+func drain(limiters ...*rate.Limiter) {
+	now := time.Now()
+	for _, l := range limiters {
+		if n := int(l.TokensAt(now)); n > 0 {
+			l.ReserveN(now, n)
+		}
+	}
 }
