@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -42,11 +43,26 @@ const (
 	maxBackoff  = 20 * time.Second
 )
 
-// Retryer is the SDK's standard retryer with Reaper's retry tuning.
+// Retryer is the SDK's standard retryer with Reaper's retry tuning, for
+// every client.
+//
+// It has no client-side retry quota (ratelimit.None). The SDK's quota
+// holds 500 tokens per client, takes 5 for each throttled retry and gives
+// them back only as calls succeed: after 100 throttled retries every call
+// fails at once with "retry quota exceeded", which is what Karpenter's
+// controllers hit while EC2 throttled them. Reaper paces its EC2 calls
+// below its share of the account's buckets, so a throttle there means
+// another tool holds a bucket empty: the retries' backoff rides that out
+// where the quota would fail the batch. The quota goes off for every
+// client, not the EC2 client only: each call is bounded by its batch and
+// the invocation's deadline, and retried at most maxAttempts times with a
+// backoff up to maxBackoff, so there is no retry storm for a quota to
+// stop, while the quota of a warm process outlives its invocations.
 func Retryer() aws.Retryer {
 	return retry.NewStandard(func(o *retry.StandardOptions) {
 		o.MaxAttempts = maxAttempts
 		o.MaxBackoff = maxBackoff
+		o.RateLimiter = ratelimit.None
 	})
 }
 
