@@ -11,7 +11,8 @@
 // answers RequestLimitExceeded with HTTP 503. Requests are not authenticated.
 //
 // Throttling is injected by Throttle and ThrottleUntil, or modeled on EC2's
-// published token buckets after EnableBuckets.
+// published token buckets after EnableBuckets, which HoldEmpty empties for
+// a while as the account's other tools do.
 //
 // A Server is safe for concurrent use.
 package ec2server
