@@ -92,8 +92,9 @@ func (p *pacer) take(ctx context.Context, request, resource *rate.Limiter, want 
 	for _, r := range rs {
 		wait = max(wait, r.DelayFrom(now))
 	}
-	// Another call may have reserved the same tokens since TokensAt.
-	if bounded && now.Add(wait).After(latest) {
+	// Another call may have reserved the same tokens since TokensAt; a
+	// millisecond forgives the rounding between TokensAt and the delay.
+	if bounded && now.Add(wait).Sub(latest) > time.Millisecond {
 		cancel()
 		return 0, ErrNoTokens
 	}
