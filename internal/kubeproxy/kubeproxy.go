@@ -86,23 +86,27 @@ func Start(target *rest.Config) (*Proxy, error) {
 				}
 				call.ErrorCode = reason(resp.StatusCode, body)
 			}
+			p.Calls.Add(*call)
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			call := r.Context().Value(callKey{}).(*Call)
 			call.Status, call.ErrorCode = http.StatusBadGateway, string(metav1.StatusReasonServiceUnavailable)
+			p.Calls.Add(*call)
 			http.Error(w, err.Error(), http.StatusBadGateway)
 		},
 	}
+	// Each call is noted before its answer goes out, so that a client that
+	// has its answer finds its call in Calls.
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		call := classify(r)
 		call.Time = time.Now()
-		defer func() { p.Calls.Add(*call) }()
 		if d := time.Duration(p.delay.Load()); d > 0 {
 			select {
 			case <-time.After(d):
 			case <-r.Context().Done():
 				call.ErrorCode = "Canceled"
+				p.Calls.Add(*call)
 				return
 			}
 		}
@@ -112,7 +116,7 @@ func Start(target *rest.Config) (*Proxy, error) {
 		if fault != nil {
 			if status := fault(*call); status != 0 {
 				call.Injected = true
-				answer(w, call, status)
+				p.answer(w, call, status)
 				return
 			}
 		}
@@ -215,14 +219,15 @@ func reason(status int, body []byte) string {
 	return string(apierrors.NewGenericServerResponse(status, "", schema.GroupResource{}, "", "", 0, false).ErrStatus.Reason)
 }
 
-// answer writes the apiserver's error answer for status.
-func answer(w http.ResponseWriter, call *Call, status int) {
+// answer notes call and writes the apiserver's error answer for status.
+func (p *Proxy) answer(w http.ResponseWriter, call *Call, status int) {
 	verb, resource, _ := strings.Cut(call.Action, " ")
 	resource, _, _ = strings.Cut(resource, "/")
 	s := apierrors.NewGenericServerResponse(status, strings.ToLower(verb), schema.GroupResource{Resource: resource}, call.Name,
 		"injected by kubeproxy", 0, true).ErrStatus
 	s.Kind, s.APIVersion = "Status", "v1"
 	call.Status, call.ErrorCode = status, string(s.Reason)
+	p.Calls.Add(*call)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(s)

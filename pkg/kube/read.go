@@ -103,9 +103,11 @@ func (w *StatusWriter) readNamespace(ctx context.Context, ns string, wanted map[
 	continueToken := ""
 	for {
 		var page corev1.PodList
-		err := w.client.Get().Namespace(ns).Resource("pods").
-			Param("limit", strconv.Itoa(listPageSize)).Param("continue", continueToken).
-			Do(ctx).Into(&page)
+		req := w.client.Get().Namespace(ns).Resource("pods").Param("limit", strconv.Itoa(listPageSize))
+		if continueToken != "" {
+			req = req.Param("continue", continueToken)
+		}
+		err := req.Do(ctx).Into(&page)
 		if apierrors.IsForbidden(err) || apierrors.IsResourceExpired(err) {
 			w.logger().LogAttrs(ctx, slog.LevelWarn, "pod list refused; reading by name", slog.String("namespace", ns),
 				slog.Int("pods", len(wanted)), slog.String("error", err.Error()))

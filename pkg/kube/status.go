@@ -1,7 +1,8 @@
 // Package kube is Reaper's side of the Kubernetes API: reaching the
 // apiserver from the access mode the configuration names (a kubeconfig
 // file, a kubeconfig in Secrets Manager, or an EKS cluster with an IAM
-// token: access.go), and writing Reaper's decisions to it: a Pod's status,
+// token: access.go), reading Pods, one by one or a batch at a time in LIST
+// pages (read.go), and writing Reaper's decisions to them: a Pod's status,
 // through the status subresource, and an Event saying why (status.go).
 package kube
 
@@ -36,8 +37,8 @@ const (
 	Patched Result = "patched"
 	// AlreadyTerminal: the Pod had ended before; it was not touched.
 	AlreadyTerminal Result = "already-terminal"
-	// Current: the Pod is live and, from Apply, already shows this outcome
-	// or a later one.
+	// Current: the Pod is live and, from Apply or ApplyTo, already shows
+	// this outcome or a later one.
 	Current Result = "current"
 	// PodGone: no Pod of that name exists any more.
 	PodGone Result = "pod-gone"
