@@ -104,6 +104,13 @@ type World struct {
 	// bucket runs out before the deadline.
 	NoTokens    bool
 	DescribeErr error
+	// TerminateShare and DescribeShare, when set, are how many instances
+	// one Terminate or Describe reaches before its share of the bucket runs
+	// out; it defers the rest (instances.Deferred).
+	TerminateShare, DescribeShare int
+	// ApplyDelay is how long each Pod write takes; a write whose context
+	// ends first fails with the context's error.
+	ApplyDelay time.Duration
 }
 
 // NewWorld is a world of the given instances and no Pods.
@@ -115,19 +122,33 @@ func NewWorld(insts ...instances.Instance) *World {
 	return w
 }
 
-func (w *World) Read(_ context.Context, ref model.PodRef) (kube.Snapshot, error) {
+func (w *World) ReadMany(_ context.Context, refs []model.PodRef) (map[model.PodRef]kube.Snapshot, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.Pods[ref] {
-		return kube.Snapshot{Ref: ref, Result: kube.PodGone}, nil
+	out := make(map[model.PodRef]kube.Snapshot, len(refs))
+	for _, ref := range refs {
+		out[ref] = kube.Snapshot{Ref: ref, Result: kube.PodGone}
+		if w.Pods[ref] {
+			out[ref] = kube.Snapshot{Ref: ref, Result: kube.Current}
+		}
 	}
-	return kube.Snapshot{Ref: ref, Result: kube.Current}, nil
+	return out, nil
 }
 
-func (w *World) Apply(_ context.Context, ref model.PodRef, o model.Outcome) (kube.Result, error) {
+func (w *World) ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome) (kube.Result, error) {
+	if w.ApplyDelay > 0 {
+		select {
+		case <-time.After(w.ApplyDelay):
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.Log = append(w.Log, "pod "+ref.String()+" "+o.Key())
+	if snap.Result != kube.Current {
+		return snap.Result, nil
+	}
+	w.Log = append(w.Log, "pod "+snap.Ref.String()+" "+o.Key())
 	return kube.Patched, nil
 }
 
@@ -138,13 +159,23 @@ func (w *World) Describe(_ context.Context, ids []string) (map[string]instances.
 	if w.DescribeErr != nil {
 		return nil, w.DescribeErr
 	}
+	ids, deferred := share(ids, w.DescribeShare)
 	out := map[string]instances.Instance{}
 	for _, id := range ids {
 		if i, ok := w.Instances[id]; ok {
 			out[id] = i
 		}
 	}
-	return out, nil
+	return out, deferred
+}
+
+// share splits ids into those a share of n reaches (all, for n = 0) and,
+// for the rest, the error of a Fleet whose tokens ran out.
+func share(ids []string, n int) ([]string, error) {
+	if n == 0 || len(ids) <= n {
+		return ids, nil
+	}
+	return ids[:n], &instances.Deferred{IDs: slices.Clone(ids[n:]), Cause: instances.ErrNoTokens}
 }
 
 func (w *World) Terminate(_ context.Context, ids []string, _ map[string]instances.Instance) (map[string]instances.Termination, error) {
@@ -153,12 +184,13 @@ func (w *World) Terminate(_ context.Context, ids []string, _ map[string]instance
 	if w.NoTokens {
 		return nil, fmt.Errorf("terminate %d instances: %w", len(ids), instances.ErrNoTokens)
 	}
+	ids, deferred := share(ids, w.TerminateShare)
 	w.Log = append(w.Log, fmt.Sprint("terminate ", ids))
 	out := map[string]instances.Termination{}
 	for _, id := range ids {
 		out[id] = instances.Terminating
 	}
-	return out, nil
+	return out, deferred
 }
 
 func (w *World) ListOwned(_ context.Context, fn func(instances.Instance) error) error {

@@ -60,3 +60,29 @@ func TestSweepRules(t *testing.T) {
 		t.Fatalf("missed gone state not recorded: %+v", r)
 	}
 }
+
+// A record a reconciler batch wrote lately, whose work was due then, has
+// that work on the queue already: the sweep does not queue it again. Work
+// that fell due since the write (an exit-wait window closing) is queued.
+func TestSweepSkipsWorkInFlight(t *testing.T) {
+	now := testNow()
+	w := fakes.NewWorld()
+	core, l, q := newBatchCore(w)
+	exit := &model.Exit{Container: "main"}
+	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1), Exit: exit, Pending: "1", UpdatedAt: now.Add(-time.Minute)}
+	l.Recs[instanceOf(2)] = ledger.Record{InstanceID: instanceOf(2), Pod: podOf(2), Exit: exit, Pending: "1", UpdatedAt: now.Add(-requeueAfter)}
+	gone := now.Add(-90 * time.Second) // the test policy's window is 1 min
+	l.Recs[instanceOf(3)] = ledger.Record{InstanceID: instanceOf(3), Pod: podOf(3), Gone: &model.Gone{State: model.StateTerminated, At: gone}, Pending: "1", UpdatedAt: gone}
+	sum, err := core.Sweep(t.Context(), 15*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range q.Sent[0].Msgs {
+		got = append(got, m.InstanceID)
+	}
+	slices.Sort(got)
+	if want := []string{instanceOf(2), instanceOf(3)}; sum.InFlight != 1 || sum.Queued != 2 || !slices.Equal(got, want) {
+		t.Fatalf("summary %+v, queued %v, want %v", sum, got, want)
+	}
+}

@@ -1,6 +1,7 @@
 package reaper
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,10 +25,11 @@ type Ledger interface {
 	GetMany(ctx context.Context, ids []string) (map[string]ledger.Record, error)
 }
 
-// Pods reads Pods and writes their status (package kube).
+// Pods reads Pods, a batch at a time, and writes their status from what
+// was read (package kube).
 type Pods interface {
-	Read(ctx context.Context, ref model.PodRef) (kube.Snapshot, error)
-	Apply(ctx context.Context, ref model.PodRef, o model.Outcome) (kube.Result, error)
+	ReadMany(ctx context.Context, refs []model.PodRef) (map[model.PodRef]kube.Snapshot, error)
+	ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome) (kube.Result, error)
 }
 
 // Fleet reads and terminates EC2 instances (package instances).
@@ -66,28 +68,33 @@ type Report struct {
 	Rejected bool
 }
 
-// ReconcileMany decides and carries out the plans of records whose
+// reconcileMany decides and carries out the plans of records whose
 // instances known describes (absent: EC2 does not know it). What a record
 // says is first checked against the instance's launch tags (believe); a
-// record they do not back is settled untouched. Then every Pod step, then
-// one terminate for all the instances to end (at most 1,000 ids a call),
-// each step whatever became of the other, then the done steps of each
-// record in one ledger write. pod, when set, is a read of one record's Pod.
-// Reports and errors are per record, in the order of recs.
+// record they do not back is settled untouched. Then every Pod step until
+// p.work, then one terminate for all the instances to end (at most 1,000
+// ids a call, waiting for tokens at most maxTokenWait), each step whatever
+// became of the other, then the done steps of each record in one ledger
+// write. Reports and errors are per record, in the order of recs; an error
+// for which forLater holds means the step was not made for want of time or
+// tokens, and the record's work goes back on the queue.
 //
 // The Pod writes land before the terminate is sent: a provider that
 // derives the Pod's status from the instance's state would otherwise see
 // the instance go first and write its own "instance gone" status, which the
-// terminal guard then keeps. A failed write does not hold the terminate
-// back: an apiserver outage must not keep a GPU billing, and a failed
-// terminate must not hide the exit.
-func (r *Reaper) ReconcileMany(ctx context.Context, recs []ledger.Record, known map[string]instances.Instance) ([]Report, []error) {
+// terminal guard then keeps. So a record whose Pod write the batch had no
+// time for is not terminated either. A failed write does not hold the
+// terminate back: an apiserver outage must not keep a GPU billing, and a
+// failed terminate must not hide the exit.
+func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Record, known map[string]instances.Instance) ([]Report, []error) {
 	type work struct {
 		view            ledger.Record
 		podErr, termErr error
 	}
 	reps, errs, works := make([]Report, len(recs)), make([]error, len(recs)), make([]work, len(recs))
-	var live []int // records that are believed
+	settleCtx, cancelSettle := p.settleContext(ctx)
+	defer cancelSettle()
+	var live, writes []int // records that are believed; those with a Pod step
 	for i, rec := range recs {
 		reps[i].InstanceID = rec.InstanceID
 		inst, described := known[rec.InstanceID]
@@ -95,7 +102,7 @@ func (r *Reaper) ReconcileMany(ctx context.Context, recs []ledger.Record, known 
 		reps[i].Distrust = reason
 		if !ok {
 			reps[i].Rejected = true
-			errs[i] = r.reject(ctx, rec, inst, reason)
+			errs[i] = r.reject(settleCtx, rec, inst, reason)
 			continue
 		}
 		if reason != "" {
@@ -105,43 +112,65 @@ func (r *Reaper) ReconcileMany(ctx context.Context, recs []ledger.Record, known 
 		works[i].view = view
 		reps[i].Plan = Decide(view, r.Now(), r.Policy)
 		live = append(live, i)
+		if reps[i].Plan.Pod != nil {
+			writes = append(writes, i)
+			works[i].podErr = errNoTime // until it is written
+		}
 	}
 
-	_ = forEach(ctx, live, func(i int) error {
-		plan, view := reps[i].Plan, works[i].view
+	podCtx, cancelPods := withDeadline(ctx, p.work)
+	var refs []model.PodRef
+	for _, i := range writes {
+		if ref := works[i].view.Pod; ref.UID != "" {
+			refs = append(refs, ref)
+		}
+	}
+	snaps, readErr := r.Pods.ReadMany(podCtx, refs)
+	_ = forEach(podCtx, podWorkers, writes, func(i int) error {
+		view := works[i].view
+		snap, read := snaps[view.Pod]
 		switch {
-		case plan.Pod == nil:
 		case view.Pod.UID == "":
 			works[i].podErr = fmt.Errorf("instance %s: no Pod known for it (no exit line and no pod tags)", view.InstanceID)
+		case !read:
+			works[i].podErr = outOfTime(podCtx, fmt.Errorf("read pod %s: %w", view.Pod, readErr))
 		default:
-			reps[i].PodResult, works[i].podErr = r.Pods.Apply(ctx, view.Pod, *plan.Pod)
+			res, err := r.Pods.ApplyTo(podCtx, snap, *reps[i].Plan.Pod)
+			reps[i].PodResult, works[i].podErr = res, outOfTime(podCtx, err)
 		}
 		return nil
 	})
+	cancelPods()
 
 	var ending []string
 	for _, i := range live {
-		if reps[i].Plan.Terminate {
+		if reps[i].Plan.Terminate && !forLater(works[i].podErr) {
 			ending = append(ending, recs[i].InstanceID)
 		}
 	}
 	if len(ending) > 0 {
-		out, err := r.Fleet.Terminate(ctx, ending, known)
+		termCtx, cancelTerm := p.terminateContext(ctx)
+		out, err := r.Fleet.Terminate(termCtx, ending, known)
+		err = outOfTime(termCtx, err)
+		cancelTerm()
 		for _, i := range live {
 			if reps[i].Plan.Terminate {
 				reps[i].TerminateResult = out[recs[i].InstanceID]
 				if reps[i].TerminateResult == "" {
-					works[i].termErr = err
+					works[i].termErr = cmp.Or(err, errNoTime)
 				}
 			}
 		}
 	}
 
-	_ = forEach(ctx, live, func(i int) error {
+	for _, i := range live {
+		errs[i] = errNoTime // until its steps are marked
+	}
+	_ = forEach(settleCtx, ledgerWorkers, live, func(i int) error {
 		rep, w := reps[i], works[i]
 		var markErr error
 		if done, write := r.done(w.view, rep.Plan, w.podErr, w.termErr); write {
-			markErr = r.Ledger.MarkDone(ctx, rep.InstanceID, done)
+			markErr = outOfTime(settleCtx, r.Ledger.MarkDone(settleCtx, rep.InstanceID, done))
 		}
 		r.recordSteps(w.view, rep)
 		r.Log.LogAttrs(ctx, logLevel(w.podErr, w.termErr, markErr), "reconciled",

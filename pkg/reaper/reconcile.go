@@ -26,12 +26,9 @@ type Queue interface {
 }
 
 // DeferDelay is how long work the reconciler's share of EC2's buckets
-// could not cover waits on the queue before it is tried again.
+// could not cover waits on the queue before it is tried again. Work a batch
+// ran out of time for goes back at once.
 const DeferDelay = 30 * time.Second
-
-// deadlineMargin is kept free at the end of an invocation for the ledger
-// writes and the response after the last EC2 call.
-const deadlineMargin = 10 * time.Second
 
 // BatchSummary is what one reconciler batch came to; it is logged as one
 // line.
@@ -100,81 +97,68 @@ func (r *Reaper) HandleQueueEvent(ctx context.Context, ev events.SQSEvent) (even
 // reads their ledger records together and describes, 200 ids a call, every
 // instance whose tags are still to be checked; then applies what the
 // messages report (state changes, checked exit claims), and reconciles the
-// records together (ReconcileMany: the Pod writes, then the terminations).
-// Work for which the reconciler's share of EC2's buckets runs out before
-// its deadline is put back on the queue with a delay.
+// records together (reconcileMany: the Pod writes, then the terminations).
+//
+// Every batch makes progress and nothing reads as done that was not: the
+// batch does what its time and its share of EC2's buckets allow (phases),
+// and puts back on the queue, untouched, the work of every instance it did
+// not finish for want of either (deferWork). Deferred work shrinks each
+// time it comes back.
 func (r *Reaper) ReconcileBatch(ctx context.Context, byInstance map[string][]workqueue.Item, sum *BatchSummary) map[string]error {
-	if deadline, ok := ctx.Deadline(); ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-deadlineMargin))
-		defer cancel()
-	}
-	failed := map[string]error{}
-	ids := slices.Sorted(maps.Keys(byInstance))
-	records, err := r.Ledger.GetMany(ctx, ids)
-	if err != nil {
-		for _, id := range ids {
-			failed[id] = err
-		}
-		return failed
-	}
+	p := phasesOf(ctx)
+	workCtx, cancel := withDeadline(ctx, p.work)
+	defer cancel()
+	settleCtx, cancelSettle := p.settleContext(ctx)
+	defer cancelSettle()
+	b := &batchRun{Reaper: r, byInstance: byInstance, sum: sum, failed: map[string]error{}, later: map[string]error{}}
 
-	// An instance needs its tags checked unless all its messages report
-	// state changes of an instance Reaper already checked and terminated:
-	// in a burst those are most messages, and they need no EC2 call.
-	var lookup []string
-	for _, id := range ids {
-		rec, ok := records[id]
-		settled := ok && !rec.Unverified && !rec.Terminated.IsZero()
-		if !settled || slices.ContainsFunc(byInstance[id], func(it workqueue.Item) bool { return it.Kind != workqueue.KindState }) {
-			lookup = append(lookup, id)
-		}
-	}
-	sum.Lookups = len(lookup)
-	known := map[string]instances.Instance{}
-	if len(lookup) > 0 {
-		known, err = r.Fleet.Describe(ctx, lookup)
-	}
+	ids := slices.Sorted(maps.Keys(byInstance))
+	records, err := r.Ledger.GetMany(workCtx, ids)
 	if err != nil {
-		// Fail closed: nothing acts on what EC2 has not confirmed. The
-		// exits are in the ledger already; the messages come back.
-		err = fmt.Errorf("check %d instances against their tags: %w", len(lookup), err)
-		deferred := errors.Is(err, instances.ErrNoTokens)
-		for _, id := range lookup {
-			failed[id] = err
-		}
-		if deferred {
-			r.deferWork(ctx, lookup, byInstance, failed, sum)
-		}
-		if len(lookup) == len(ids) {
-			return failed
-		}
+		b.fail(workCtx, ids, err)
+		b.deferLater(settleCtx)
+		return b.failed
 	}
+	known := b.lookup(workCtx, ids, records)
 
 	var (
-		work    []ledger.Record
+		act     []string // instances whose messages this batch applies
 		orphans []string
 	)
 	for _, id := range ids {
-		if _, ok := failed[id]; ok {
+		if !b.settled(id) {
+			act = append(act, id)
+		}
+	}
+	recs := make([]*ledger.Record, len(act))
+	for i := range act {
+		b.later[act[i]] = errNoTime // until apply has run
+	}
+	_ = forEach(workCtx, ledgerWorkers, indices(act), func(i int) error {
+		id := act[i]
+		rec, err := r.apply(workCtx, id, byInstance[id], records, known, b)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		delete(b.later, id)
+		recs[i] = rec
+		b.settle(id, outOfTime(workCtx, err))
+		return nil
+	})
+	var work []ledger.Record
+	for i, id := range act {
+		if b.settled(id) {
 			continue
 		}
-		rec, err := r.apply(ctx, id, byInstance[id], records, known, sum)
-		switch {
-		case err != nil:
-			failed[id] = err
-		case rec != nil:
-			work = append(work, *rec)
+		if recs[i] != nil {
+			work = append(work, *recs[i])
 		}
 		if slices.ContainsFunc(byInstance[id], func(it workqueue.Item) bool { return it.Kind == workqueue.KindOrphan }) {
 			orphans = append(orphans, id)
 		}
 	}
 
-	reps, errs := r.ReconcileMany(ctx, work, known)
-	var paced []string
+	reps, errs := r.reconcileMany(ctx, p, work, known)
 	for i, rep := range reps {
-		id := rep.InstanceID
 		switch {
 		case rep.Rejected:
 			sum.Rejected++
@@ -187,32 +171,152 @@ func (r *Reaper) ReconcileBatch(ctx context.Context, byInstance map[string][]wor
 		if rep.TerminateResult == instances.Terminating {
 			sum.Terminated++
 		}
-		if errs[i] != nil {
-			failed[id] = errs[i]
-			if errors.Is(errs[i], instances.ErrNoTokens) {
-				paced = append(paced, id)
+		b.settle(rep.InstanceID, errs[i])
+	}
+	for id, err := range r.terminateOrphans(ctx, p, orphans, records, known, sum) {
+		b.settle(id, err)
+	}
+	b.deferLater(settleCtx)
+	return b.failed
+}
+
+// batchRun is what one batch keeps track of: the instances whose work
+// failed and those whose work goes back on the queue.
+type batchRun struct {
+	*Reaper
+	byInstance map[string][]workqueue.Item
+	mu         sync.Mutex
+	sum        *BatchSummary
+	failed     map[string]error
+	// later are the instances whose work is deferred, with why; nothing
+	// else is done for them in this batch.
+	later map[string]error
+}
+
+// settled says whether id's work is decided for this batch: failed or
+// deferred.
+func (b *batchRun) settled(id string) bool {
+	_, failed := b.failed[id]
+	_, later := b.later[id]
+	return failed || later
+}
+
+// settle sorts the error of id's work: none, for later, or a failure.
+func (b *batchRun) settle(id string, err error) {
+	switch {
+	case err == nil:
+	case forLater(err):
+		b.later[id] = err
+	default:
+		b.failed[id] = err
+	}
+}
+
+func (b *batchRun) skipped() {
+	b.mu.Lock()
+	b.sum.Skipped++
+	b.mu.Unlock()
+}
+
+func (b *batchRun) fail(ctx context.Context, ids []string, err error) {
+	for _, id := range ids {
+		b.settle(id, outOfTime(ctx, err))
+	}
+}
+
+// forLater says whether err ended work for want of time or of EC2 tokens:
+// the work is deferred, not failed.
+func forLater(err error) bool {
+	return errors.Is(err, errNoTime) || errors.Is(err, instances.ErrNoTokens)
+}
+
+// lookup describes the instances whose tags are still to be checked and
+// returns what EC2 knows of them. An instance needs its tags checked unless
+// all its messages report state changes of an instance Reaper already
+// checked and terminated: in a burst those are most messages, and they
+// need no EC2 call. The instances EC2 could not be asked about for want of
+// tokens are deferred; if it could not be asked at all, their work fails:
+// nothing acts on what EC2 has not confirmed.
+func (b *batchRun) lookup(ctx context.Context, ids []string, records map[string]ledger.Record) map[string]instances.Instance {
+	var lookup []string
+	for _, id := range ids {
+		rec, ok := records[id]
+		settled := ok && !rec.Unverified && !rec.Terminated.IsZero()
+		if !settled || slices.ContainsFunc(b.byInstance[id], func(it workqueue.Item) bool { return it.Kind != workqueue.KindState }) {
+			lookup = append(lookup, id)
+		}
+	}
+	b.sum.Lookups = len(lookup)
+	if len(lookup) == 0 {
+		return map[string]instances.Instance{}
+	}
+	known, err := b.Fleet.Describe(ctx, lookup)
+	var deferred *instances.Deferred
+	switch {
+	case err == nil:
+	case errors.As(err, &deferred):
+		b.fail(ctx, deferred.IDs, fmt.Errorf("check %d instances against their tags: %w", len(deferred.IDs), err))
+	default:
+		b.fail(ctx, lookup, fmt.Errorf("check %d instances against their tags: %w", len(lookup), err))
+	}
+	if known == nil {
+		known = map[string]instances.Instance{}
+	}
+	return known
+}
+
+// deferLater puts the messages of the instances whose work is for later
+// back on the queue, as they came (an exit claim not yet checked is still
+// to be checked): delayed when EC2 tokens ran short, at once when time
+// did. If that fails they become failures, and SQS brings them back after
+// the visibility timeout.
+func (b *batchRun) deferLater(ctx context.Context) {
+	byDelay := map[time.Duration][]string{}
+	for id, err := range b.later {
+		delay := time.Duration(0)
+		if errors.Is(err, instances.ErrNoTokens) {
+			delay = DeferDelay
+		}
+		byDelay[delay] = append(byDelay[delay], id)
+	}
+	for delay, ids := range byDelay {
+		slices.Sort(ids)
+		var msgs []workqueue.Message
+		for _, id := range ids {
+			for _, it := range b.byInstance[id] {
+				msgs = append(msgs, it.Message)
 			}
 		}
-	}
-	r.deferWork(ctx, paced, byInstance, failed, sum)
-
-	if err := r.terminateOrphans(ctx, orphans, records, known, sum); err != nil {
-		for _, id := range orphans {
-			failed[id] = err
+		if err := b.Queue.Send(ctx, delay, msgs...); err != nil {
+			b.Log.LogAttrs(ctx, slog.LevelError, "work not deferred", slog.Int("instances", len(ids)), slog.String("error", err.Error()))
+			for _, id := range ids {
+				b.failed[id] = fmt.Errorf("defer: %w (deferred for: %w)", err, b.later[id])
+			}
+			continue
 		}
+		b.sum.Deferred += len(ids)
+		b.Metrics.Count(metrics.WorkItemsDeferred, len(ids))
 	}
-	return failed
+	b.later = map[string]error{}
+}
+
+func indices[T any](s []T) []int {
+	out := make([]int, len(s))
+	for i := range s {
+		out[i] = i
+	}
+	return out
 }
 
 // apply records what an instance's messages report and returns its record
 // if there is one to reconcile. State changes of instances that are not
 // this deployment's, and exit claims the instance's tags do not back, are
 // logged and dropped.
-func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, records map[string]ledger.Record, known map[string]instances.Instance, sum *BatchSummary) (*ledger.Record, error) {
+func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, records map[string]ledger.Record, known map[string]instances.Instance, b *batchRun) (*ledger.Record, error) {
 	rec, haveRecord := records[id]
 	inst, described := known[id]
 	if described && !inst.Owned {
-		sum.Skipped++
+		b.skipped()
 		r.Log.LogAttrs(ctx, slog.LevelDebug, "work skipped", slog.String("instance", id),
 			slog.Bool("managed", inst.Managed), slog.String("cluster", inst.Cluster))
 		for _, it := range items {
@@ -225,19 +329,22 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 		return nil, nil
 	}
 	var reconcile bool
-	for _, it := range items {
-		switch it.Kind {
-		case workqueue.KindState:
-			if !described && !haveRecord {
-				continue // not ours as far as anyone knows
-			}
-			sc := ledger.StateChange{State: it.State, At: it.At, Rank: model.StateRank(it.State), Gone: model.IsGone(it.State)}
-			next, err := r.Ledger.RecordState(ctx, id, inst.Pod, sc)
-			if err != nil {
+	if sc, ok := newestState(items); ok && (described || haveRecord) { // else not ours as far as anyone knows
+		next, write := rec, true
+		if haveRecord {
+			next, write = r.stateChanges(rec, id, inst.Pod, sc)
+		}
+		if write {
+			var err error
+			if next, err = r.Ledger.RecordState(ctx, id, inst.Pod, sc); err != nil {
 				return nil, err
 			}
-			rec, haveRecord = next, true
-			reconcile = reconcile || sc.Gone
+		}
+		rec, haveRecord = next, true
+		reconcile = sc.Gone
+	}
+	for _, it := range items {
+		switch it.Kind {
 		case workqueue.KindExit:
 			if distrust(inst, described, *it.Pod) != "" {
 				if err := r.rejectClaim(ctx, id, *it.Pod, rec, inst, described); err != nil {
@@ -257,11 +364,50 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 	}
 	if !reconcile {
 		if !haveRecord && !described && slices.ContainsFunc(items, func(it workqueue.Item) bool { return it.Kind == workqueue.KindState }) {
-			sum.Skipped++
+			b.skipped()
 		}
 		return nil, nil
 	}
 	return &rec, nil
+}
+
+// newestState is the newest of the state changes among items: applied in
+// any order, the ledger's write rules leave a record as the newest alone
+// does, so a batch writes that one only.
+func newestState(items []workqueue.Item) (ledger.StateChange, bool) {
+	var (
+		newest ledger.StateChange
+		found  bool
+	)
+	for _, it := range items {
+		if it.Kind != workqueue.KindState {
+			continue
+		}
+		sc := ledger.StateChange{State: it.State, At: it.At, Rank: model.StateRank(it.State), Gone: model.IsGone(it.State)}
+		if !found || sc.At.After(newest.At) || (sc.At.Equal(newest.At) && sc.Rank >= newest.Rank) {
+			newest, found = sc, true
+		}
+	}
+	return newest, found
+}
+
+// stateChanges is rec after the state change sc, and whether that is worth
+// a write. It is not for an event older than the newest one recorded (the
+// write would change nothing), nor for one that reports the end of an
+// instance whose record is settled, checked and terminated by Reaper: in a
+// burst those are two events per exit, and they would change no decision.
+func (r *Reaper) stateChanges(rec ledger.Record, id string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, bool) {
+	next, applies := ledger.WithState(rec, id, pod, sc, r.Now())
+	if !applies {
+		return rec, false
+	}
+	if rec.Pending == "" && !rec.Unverified && !rec.Terminated.IsZero() {
+		plan := Decide(next, r.Now(), r.Policy)
+		if plan.Pod == nil && !plan.Terminate && plan.WaitUntil.IsZero() {
+			return rec, false
+		}
+	}
+	return next, true
 }
 
 // rejectClaim logs and counts an exit claim the instance's tags do not
@@ -280,71 +426,64 @@ func (r *Reaper) rejectClaim(ctx context.Context, id string, pod model.PodRef, r
 	return r.Ledger.MarkDone(ctx, id, ledger.Done{Settled: true, Version: rec.Version})
 }
 
-// deferWork puts the messages of instances whose work waits for EC2 tokens
-// back on the queue, delayed, and takes them off the failures; if that
-// fails they stay failures and SQS brings them back after the visibility
-// timeout. The messages go back as they came: an exit claim not yet checked
-// is still to be checked.
-func (r *Reaper) deferWork(ctx context.Context, ids []string, byInstance map[string][]workqueue.Item, failed map[string]error, sum *BatchSummary) {
-	if len(ids) == 0 {
-		return
-	}
-	var msgs []workqueue.Message
-	for _, id := range ids {
-		for _, it := range byInstance[id] {
-			msgs = append(msgs, it.Message)
-		}
-	}
-	// The batch's own deadline is spent; the send gets a moment of its own.
-	sendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deadlineMargin/2)
-	defer cancel()
-	if err := r.Queue.Send(sendCtx, DeferDelay, msgs...); err != nil {
-		r.Log.LogAttrs(ctx, slog.LevelError, "work not deferred", slog.Int("instances", len(ids)), slog.String("error", err.Error()))
-		return
-	}
-	for _, id := range ids {
-		delete(failed, id)
-	}
-	sum.Deferred += len(ids)
-	r.Metrics.Count(metrics.WorkItemsDeferred, len(ids))
-}
-
 // terminateOrphans ends the instances the sweeper found running without a
 // live Pod, once it is clear they still are: owned, running, no terminal
 // exit in the ledger, and the Pod they were launched for deleted, replaced
-// or finished (read again now).
-func (r *Reaper) terminateOrphans(ctx context.Context, ids []string, records map[string]ledger.Record, known map[string]instances.Instance, sum *BatchSummary) error {
-	var (
-		mu      sync.Mutex
-		targets []string
-	)
-	err := forEach(ctx, ids, func(id string) error {
+// or finished (read again now). It returns the errors of the orphans whose
+// work is not done.
+func (r *Reaper) terminateOrphans(ctx context.Context, p phases, ids []string, records map[string]ledger.Record, known map[string]instances.Instance, sum *BatchSummary) map[string]error {
+	errs := map[string]error{}
+	var candidates []string
+	for _, id := range ids {
 		inst, ok := known[id]
 		if !ok || !inst.Owned || (inst.State != model.StateRunning && inst.State != model.StatePending) || inst.Pod.UID == "" {
-			return nil
+			continue
 		}
 		if rec, ok := records[id]; ok && rec.Exit != nil && rec.Exit.Terminal() {
-			return nil // its record ends it
+			continue // its record ends it
 		}
-		pod, err := r.Pods.Read(ctx, inst.Pod)
-		if err != nil || pod.Result == kube.Current {
-			return err
+		candidates = append(candidates, id)
+		errs[id] = errNoTime // until its Pod is read
+	}
+	if len(candidates) == 0 {
+		return errs
+	}
+	workCtx, cancel := withDeadline(ctx, p.work)
+	defer cancel()
+	refs := make([]model.PodRef, len(candidates))
+	for i, id := range candidates {
+		refs[i] = known[id].Pod
+	}
+	snaps, readErr := r.Pods.ReadMany(workCtx, refs)
+	var targets []string
+	for _, id := range candidates {
+		inst := known[id]
+		pod, ok := snaps[inst.Pod]
+		if !ok {
+			errs[id] = outOfTime(workCtx, fmt.Errorf("read pod %s: %w", inst.Pod, readErr))
+			continue
 		}
-		r.Log.LogAttrs(ctx, slog.LevelWarn, "orphaned instance", slog.String("instance", id),
-			slog.String("pod", inst.Pod.String()), slog.String("pod state", string(pod.Result)))
-		mu.Lock()
-		targets = append(targets, id)
-		mu.Unlock()
-		return nil
-	})
+		delete(errs, id)
+		if pod.Result != kube.Current {
+			r.Log.LogAttrs(ctx, slog.LevelWarn, "orphaned instance", slog.String("instance", id),
+				slog.String("pod", inst.Pod.String()), slog.String("pod state", string(pod.Result)))
+			targets = append(targets, id)
+		}
+	}
 	if len(targets) == 0 {
-		return err
+		return errs
 	}
 	slices.Sort(targets)
-	out, termErr := r.Fleet.Terminate(ctx, targets, known)
-	errs := []error{err, termErr}
+	termCtx, cancelTerm := p.terminateContext(ctx)
+	out, termErr := r.Fleet.Terminate(termCtx, targets, known)
+	cancelTerm()
+	termErr = outOfTime(termCtx, termErr)
+	settleCtx, cancelSettle := p.settleContext(ctx)
+	defer cancelSettle()
 	for _, id := range targets {
 		switch out[id] {
+		case "":
+			errs[id] = termErr
 		case instances.WouldTerminate:
 			sum.Orphans++
 		case instances.Terminating:
@@ -353,8 +492,10 @@ func (r *Reaper) terminateOrphans(ctx context.Context, ids []string, records map
 			// Remember it, so that later sweeps and its state-change
 			// events know the instance is settled: nothing is left to do
 			// until those events report it gone (its Pod is not live).
-			errs = append(errs, r.Ledger.MarkDone(ctx, id, ledger.Done{Terminated: true, Pod: known[id].Pod, Settled: true, Version: records[id].Version}))
+			if err := r.Ledger.MarkDone(settleCtx, id, ledger.Done{Terminated: true, Pod: known[id].Pod, Settled: true, Version: records[id].Version}); err != nil {
+				errs[id] = err
+			}
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }

@@ -1,12 +1,15 @@
 package reaper
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -206,5 +209,192 @@ func TestBatchDropsInvalid(t *testing.T) {
 	resp, err := core.HandleQueueEvent(t.Context(), events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m0", Body: "{"}}})
 	if err != nil || len(resp.BatchItemFailures) != 0 {
 		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+}
+
+// redeliver is a batch of what the reconciler put back on the queue, as
+// the event source mapping would bring it back.
+func redeliver(t *testing.T, q *fakes.Queue) events.SQSEvent {
+	t.Helper()
+	var msgs []workqueue.Message
+	for _, s := range q.Sent {
+		msgs = append(msgs, s.Msgs...)
+	}
+	q.Sent = nil
+	return batch(t, msgs...)
+}
+
+// A batch several times larger than its share of the terminate bucket
+// covers: each round writes what Pods are left, terminates what the share
+// allows and defers only the rest, so the deferred work shrinks until it is
+// done. No Pod is written twice and no instance terminated twice.
+func TestBatchMakesProgress(t *testing.T) {
+	const n, share = 10, 3
+	w := fakes.NewWorld()
+	var msgs []workqueue.Message
+	for i := range n {
+		w.Pods[podOf(i)], w.Instances[instanceOf(i)] = true, owned(instanceOf(i), podOf(i))
+		msgs = append(msgs, exitMsg(i, 0))
+	}
+	w.TerminateShare = share
+	core, l, q := newBatchCore(w)
+	ev := batch(t, msgs...)
+	rounds := 0
+	for len(ev.Records) > 0 {
+		if rounds++; rounds > n {
+			t.Fatalf("no progress after %d rounds: %q", rounds, w.Log)
+		}
+		resp, err := core.HandleQueueEvent(t.Context(), ev)
+		if err != nil || len(resp.BatchItemFailures) != 0 {
+			t.Fatalf("round %d: failures %v, %v", rounds, failures(resp), err)
+		}
+		ev = redeliver(t, q)
+		if left := n - share*rounds; len(ev.Records) != max(left, 0) {
+			t.Fatalf("round %d deferred %d messages, want %d", rounds, len(ev.Records), max(left, 0))
+		}
+	}
+	if want := (n + share - 1) / share; rounds != want {
+		t.Fatalf("%d rounds, want %d", rounds, want)
+	}
+	pods, terminated := 0, map[string]int{}
+	for _, step := range w.Log {
+		if strings.HasPrefix(step, "pod ") {
+			pods++
+			continue
+		}
+		for _, id := range strings.Fields(strings.Trim(strings.TrimPrefix(step, "terminate "), "[]")) {
+			terminated[id]++
+		}
+	}
+	if pods != n || len(terminated) != n {
+		t.Fatalf("%d Pod writes and %d instances terminated, want %d each: %q", pods, len(terminated), n, w.Log)
+	}
+	for id, c := range terminated {
+		if c != 1 {
+			t.Fatalf("%s terminated %d times", id, c)
+		}
+	}
+	for i := range n {
+		if r := l.Recs[instanceOf(i)]; r.PodSynced != "exit/0" || r.Terminated.IsZero() || r.Pending != "" {
+			t.Fatalf("record %+v", r)
+		}
+	}
+}
+
+// When the share of the Describe bucket runs out part way, the claims of
+// the instances it did not reach are neither rejected nor acted on: they
+// go back on the queue as they came, and nothing is written for them.
+func TestBatchDefersUndescribed(t *testing.T) {
+	w := fakes.NewWorld()
+	var msgs []workqueue.Message
+	for i := range 4 {
+		w.Pods[podOf(i)], w.Instances[instanceOf(i)] = true, owned(instanceOf(i), podOf(i))
+		msgs = append(msgs, exitMsg(i, 0))
+	}
+	w.DescribeShare = 1
+	core, l, q := newBatchCore(w)
+	var logs bytes.Buffer
+	core.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	resp, err := core.HandleQueueEvent(t.Context(), batch(t, msgs...))
+	if err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	if want := []string{"pod jobs/job-0 exit/0", "terminate [" + instanceOf(0) + "]"}; !slices.Equal(w.Log, want) {
+		t.Fatalf("steps %q, want %q", w.Log, want)
+	}
+	if len(q.Sent) != 1 || q.Sent[0].Delay != DeferDelay || len(q.Sent[0].Msgs) != 3 {
+		t.Fatalf("deferred %+v, want the 3 undescribed claims", q.Sent)
+	}
+	for i, m := range q.Sent[0].Msgs {
+		if m.Kind != workqueue.KindExit || m.InstanceID != instanceOf(i+1) || *m.Pod != podOf(i+1) {
+			t.Fatalf("deferred message %d: %+v", i, m)
+		}
+	}
+	for i := 1; i < 4; i++ {
+		if r, ok := l.Recs[instanceOf(i)]; ok {
+			t.Fatalf("record written for an unchecked claim: %+v", r)
+		}
+	}
+	if strings.Contains(logs.String(), "not believed") {
+		t.Fatalf("an unchecked claim was rejected:\n%s", logs.String())
+	}
+}
+
+// A batch whose Pod writes outlast its time writes what it can, terminates
+// only the instances whose Pods it wrote, and hands the rest back at once;
+// none of it is reported done, and nothing fails.
+func TestBatchOutOfTime(t *testing.T) {
+	const n = 12
+	w := fakes.NewWorld()
+	var msgs []workqueue.Message
+	for i := range n {
+		w.Pods[podOf(i)], w.Instances[instanceOf(i)] = true, owned(instanceOf(i), podOf(i))
+		msgs = append(msgs, exitMsg(i, 0))
+	}
+	// 16 writes in flight at once, 300 ms each, and 400 ms of work time
+	// (a quarter of the 1.6 s each goes to terminating and to settling):
+	// every write is started, none but those done in time count.
+	w.ApplyDelay = 300 * time.Millisecond
+	core, l, q := newBatchCore(w)
+	ctx, cancel := context.WithTimeout(t.Context(), 1600*time.Millisecond)
+	defer cancel()
+	resp, err := core.HandleQueueEvent(ctx, batch(t, msgs...))
+	if err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	written := map[string]bool{}
+	for _, step := range w.Log {
+		if strings.HasPrefix(step, "pod ") {
+			written[strings.Fields(step)[1]] = true
+		}
+	}
+	var deferred []string
+	for _, s := range q.Sent {
+		if s.Delay != 0 {
+			t.Fatalf("work deferred for want of time waits %v, want 0", s.Delay)
+		}
+		for _, m := range s.Msgs {
+			deferred = append(deferred, m.InstanceID)
+		}
+	}
+	if len(written)+len(deferred) != n {
+		t.Fatalf("%d Pods written and %d instances deferred, want %d in all", len(written), len(deferred), n)
+	}
+	for i := range n {
+		r := l.Recs[instanceOf(i)]
+		done := r.PodSynced != ""
+		if done != written[podOf(i).String()] || done == r.Terminated.IsZero() || done == slices.Contains(deferred, instanceOf(i)) {
+			t.Fatalf("instance %d: Pod written %v, record %+v, deferred %v", i, written[podOf(i).String()], r, deferred)
+		}
+	}
+}
+
+// The two state changes EC2 sends for an instance Reaper terminated after
+// a checked exit change no decision: they cost no lookup and no ledger
+// write. A spot reclaim's two state changes in one batch cost one write,
+// of the newest.
+func TestBatchStateChangeWrites(t *testing.T) {
+	id, pod := instanceOf(1), podOf(1)
+	settled := ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, PodSynced: "exit/0", Terminated: time.Unix(1, 0), Version: 1}
+	w := fakes.NewWorld()
+	core, l, _ := newBatchCore(w)
+	l.Recs[id] = settled
+	at := testNow().Add(-time.Minute)
+	msgs := []workqueue.Message{workqueue.State(id, model.StateTerminated, at.Add(time.Second)), workqueue.State(id, model.StateShuttingDown, at)}
+	if resp, err := core.HandleQueueEvent(t.Context(), batch(t, msgs...)); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	if r := l.Recs[id]; len(w.Describes) != 0 || r.Version != 1 || r.LastState != "" {
+		t.Fatalf("%d lookups, record %+v: want none and the record untouched", len(w.Describes), r)
+	}
+
+	spot := instanceOf(2)
+	w.Instances[spot] = instances.Instance{ID: spot, State: model.StateTerminated, Managed: true, Owned: true, Pod: podOf(2)}
+	msgs = []workqueue.Message{workqueue.State(spot, model.StateTerminated, at.Add(time.Second)), workqueue.State(spot, model.StateShuttingDown, at)}
+	if resp, err := core.HandleQueueEvent(t.Context(), batch(t, msgs...)); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	if r := l.Recs[spot]; r.Version != 1 || r.LastState != model.StateTerminated || r.Gone == nil || !r.Gone.At.Equal(at.Add(time.Second)) {
+		t.Fatalf("record %+v: want one write, of the newest state", r)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/reaper-k8s/reaper/pkg/instances"
@@ -29,6 +28,9 @@ type SweepSummary struct {
 	MissedGone int `json:"missedGone"`
 	// Queued are records with a step left, handed to the reconciler.
 	Queued int `json:"queued"`
+	// InFlight are records with a step left whose work is on the queue
+	// already (see requeueAfter): not queued again.
+	InFlight int `json:"inFlight"`
 	// Orphans are running owned instances without a live Pod, handed to
 	// the reconciler to terminate.
 	Orphans      int `json:"orphans"`
@@ -36,10 +38,6 @@ type SweepSummary struct {
 	Errors       int `json:"errors"`
 	DurationMsec int `json:"durationMs"`
 }
-
-// sweepWorkers bounds concurrent reconciles: enough to sweep thousands of
-// instances inside one invocation, few enough not to flood the apiserver.
-const sweepWorkers = 8
 
 // Sweep compares ledger × owned instances × Pods and hands what it finds
 // to the reconciler, so that a lost or failed event delays a result but
@@ -64,8 +62,9 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		return sum, err
 	}
 	var errs []error
-	errs = append(errs, r.missedGone(ctx, managed, records, start, &sum))
-	msgs := r.unfinished(records, start, &sum)
+	fresh, err := r.missedGone(ctx, managed, records, start, &sum)
+	errs = append(errs, err)
+	msgs := r.unfinished(records, fresh, start, &sum)
 	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace))
 	errs = append(errs, err)
 	sum.Orphans = len(orphans)
@@ -88,7 +87,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	sum.DurationMsec = int(r.Now().Sub(start).Milliseconds())
 	r.Log.LogAttrs(ctx, logLevel(err), "sweep",
 		slog.Int("records", sum.Records), slog.Int("managedInstances", sum.ManagedInstances),
-		slog.Int("missedGone", sum.MissedGone), slog.Int("queued", sum.Queued), slog.Int("orphans", sum.Orphans),
+		slog.Int("missedGone", sum.MissedGone), slog.Int("queued", sum.Queued), slog.Int("inFlight", sum.InFlight), slog.Int("orphans", sum.Orphans),
 		slog.Int("waitingExit", sum.WaitingExit), slog.Int("errors", sum.Errors),
 		slog.Int("durationMs", sum.DurationMsec))
 	return sum, err
@@ -130,10 +129,12 @@ func (r *Reaper) sweepInputs(ctx context.Context, cutoff time.Time, sum *SweepSu
 }
 
 // missedGone records the gone state of owned instances whose state-change
-// event never arrived. Those Reaper terminated itself need nothing more:
-// their Pod step was settled when it did.
-func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, now time.Time, sum *SweepSummary) error {
+// event never arrived, and returns the instances whose records it wrote.
+// Those Reaper terminated itself need nothing more: their Pod step was
+// settled when it did.
+func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, now time.Time, sum *SweepSummary) (map[string]bool, error) {
 	var errs []error
+	wrote := map[string]bool{}
 	for id, inst := range managed {
 		rec, ok := records[id]
 		if !model.IsGone(inst.State) || (ok && (rec.Gone != nil || !rec.Terminated.IsZero())) {
@@ -147,26 +148,46 @@ func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.In
 			errs = append(errs, err)
 			continue
 		}
-		records[id] = rec
+		records[id], wrote[id] = rec, true
 	}
-	return errors.Join(errs...)
+	return wrote, errors.Join(errs...)
 }
 
-// unfinished are the work items of records with a step left at now.
-func (r *Reaper) unfinished(records map[string]ledger.Record, now time.Time, sum *SweepSummary) []workqueue.Message {
+// requeueAfter is how long after a reconciler batch last wrote a record
+// its work counts as in flight. A batch writes the records it works on;
+// what it does not finish it hands back to the queue (deferred, or as a
+// batch item failure), so during a burst the sweep need not queue it again
+// every minute. Past it, a record with work left is queued again.
+const requeueAfter = 5 * time.Minute
+
+// unfinished are the work items of records with a step left at now, but
+// for those whose work is in flight: a batch wrote the record lately and
+// the same work was due then. Work that fell due since (an exit-wait
+// window closing) and records this sweep wrote itself (fresh) are queued.
+func (r *Reaper) unfinished(records map[string]ledger.Record, fresh map[string]bool, now time.Time, sum *SweepSummary) []workqueue.Message {
 	var msgs []workqueue.Message
 	for _, rec := range records {
 		plan := Decide(rec, now, r.Policy)
 		if !plan.WaitUntil.IsZero() {
 			sum.WaitingExit++
 		}
-		if plan.Pod != nil || plan.Terminate {
-			msgs = append(msgs, workqueue.Sweep(rec.InstanceID))
+		if plan.Pod == nil && !plan.Terminate {
+			continue
 		}
+		if !fresh[rec.InstanceID] && now.Sub(rec.UpdatedAt) < requeueAfter && samePlan(plan, Decide(rec, rec.UpdatedAt, r.Policy)) {
+			sum.InFlight++
+			continue
+		}
+		msgs = append(msgs, workqueue.Sweep(rec.InstanceID))
 	}
 	sum.Queued = len(msgs)
 	r.Metrics.Count(metrics.WorkItemsRetried, sum.Queued)
 	return msgs
+}
+
+// samePlan says whether two plans ask for the same steps.
+func samePlan(a, b Plan) bool {
+	return a.Terminate == b.Terminate && outcomeKey(a.Pod) == outcomeKey(b.Pod)
 }
 
 // orphans are running owned instances older than cutoff whose Pod no
@@ -185,63 +206,33 @@ func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Insta
 		}
 	}
 	var (
-		mu  sync.Mutex
-		ids []string
+		refs []model.PodRef
+		errs []error
 	)
-	err := forEach(ctx, candidates, func(inst instances.Instance) error {
+	for _, inst := range candidates {
 		if inst.Pod.UID == "" {
-			return fmt.Errorf("managed instance %s has no pod tags", inst.ID)
+			errs = append(errs, fmt.Errorf("managed instance %s has no pod tags", inst.ID))
+			continue
 		}
-		pod, err := r.Pods.Read(ctx, inst.Pod)
-		if err != nil {
-			return err
-		}
-		if pod.Result == kube.Current {
-			return nil
+		refs = append(refs, inst.Pod)
+	}
+	// One read for them all, in LIST pages: the sweep's cost in requests
+	// grows with the fleet by one per 500 Pods, not one per instance. A
+	// Pod whose read failed leaves its instance alone until the next sweep.
+	snaps, err := r.Pods.ReadMany(ctx, refs)
+	errs = append(errs, err)
+	var ids []string
+	for _, inst := range candidates {
+		pod, ok := snaps[inst.Pod]
+		if !ok || pod.Result == kube.Current {
+			continue
 		}
 		r.Log.LogAttrs(ctx, slog.LevelWarn, "orphaned instance", slog.String("instance", inst.ID),
 			slog.String("pod", inst.Pod.String()), slog.String("pod state", string(pod.Result)))
-		mu.Lock()
 		ids = append(ids, inst.ID)
-		mu.Unlock()
-		return nil
-	})
+	}
 	slices.Sort(ids)
-	return ids, err
-}
-
-// forEach runs fn over items with sweepWorkers in parallel and joins the
-// errors; one failure does not stop the others.
-func forEach[T any](ctx context.Context, items []T, fn func(T) error) error {
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-		next = make(chan T)
-	)
-	for range min(sweepWorkers, len(items)) {
-		wg.Go(func() {
-			for it := range next {
-				if err := fn(it); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	for _, it := range items {
-		if ctx.Err() != nil {
-			break
-		}
-		next <- it
-	}
-	close(next)
-	wg.Wait()
-	if ctx.Err() != nil {
-		errs = append(errs, ctx.Err())
-	}
-	return errors.Join(errs...)
+	return ids, errors.Join(errs...)
 }
 
 // flatten lists the errors inside a joined error.
