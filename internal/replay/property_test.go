@@ -189,8 +189,8 @@ func newPropCore(t *testing.T, c propCore) (*intake.Intake, *reaper.Reaper) {
 			o.HTTPClient = &http.Client{Transport: c.ec2Wrap(http.DefaultTransport.(*http.Transport).Clone())}
 		}
 	})
-	clients := app.Clients{DynamoDB: db, Queue: c.queue}
-	core, err := reaperapp.New(ctx, setup, reaperapp.Clients{Clients: clients, EC2: ec2Client, Kube: rc})
+	clients := reaperapp.Clients{Clients: app.Clients{Queue: c.queue}, DynamoDB: db, EC2: ec2Client, Kube: rc}
+	core, err := reaperapp.New(ctx, setup, clients)
 	if err != nil {
 		t.Fatal(err)
 	}

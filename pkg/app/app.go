@@ -24,12 +24,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/intake"
-	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
@@ -79,10 +77,11 @@ func Logger(level slog.Level) *slog.Logger {
 }
 
 // needs are what each function reaches besides the work queue: the
-// exitrecorder writes the ledger only; statechange only enqueues; the
-// sweeper reads Pods but changes none; only the reconciler terminates.
+// exitrecorder and statechange only enqueue; the sweeper reads Pods but
+// changes none; only the reconciler writes the ledger and Pods and
+// terminates.
 var needs = map[string]config.Needs{
-	metrics.FunctionExitRecorder: {Ledger: true},
+	metrics.FunctionExitRecorder: {},
 	metrics.FunctionStateChange:  {},
 	metrics.FunctionSweeper:      {Ledger: true, Kube: true},
 	metrics.FunctionReconciler:   {Ledger: true, Kube: true},
@@ -131,15 +130,11 @@ func (s Setup) Metrics() *metrics.Recorder {
 // The wiring builds each one left nil from the setup: the functions leave
 // them all nil, and a test sets those it points elsewhere or wraps.
 type Clients struct {
-	DynamoDB *dynamodb.Client
-	Queue    intake.Queue
+	Queue intake.Queue
 }
 
 // WithDefaults is c with each client left nil built from the setup.
 func (c Clients) WithDefaults(s Setup) Clients {
-	if c.DynamoDB == nil {
-		c.DynamoDB = dynamodb.NewFromConfig(s.AWS)
-	}
 	if c.Queue == nil {
 		c.Queue = workqueue.New(sqs.NewFromConfig(s.AWS), s.Config.QueueURL)
 	}
@@ -149,15 +144,7 @@ func (c Clients) WithDefaults(s Setup) Clients {
 // NewIntake wires the exitrecorder's and statechange's handlers.
 func NewIntake(s Setup, c Clients) *intake.Intake {
 	c = c.WithDefaults(s)
-	in := &intake.Intake{Queue: c.Queue, Log: s.Log, Metrics: s.Metrics(), Now: s.Now}
-	if needs[s.Function].Ledger {
-		table := ledger.New(c.DynamoDB, s.Config.Table)
-		in.Ledger = table
-		if s.Config.DryRun {
-			in.Ledger = ledger.ReadOnly{Table: table}
-		}
-	}
-	return in
+	return &intake.Intake{Queue: c.Queue, Log: s.Log, Metrics: s.Metrics(), Now: s.Now}
 }
 
 // Fatal reports an init failure as one clear line and exits; Lambda then

@@ -1,10 +1,11 @@
 // Package intake takes in the events that report a Pod's end: the exit
 // lines the hosts ship (the exitrecorder) and EC2's state changes (the
-// statechange function). It records each exit in the ledger and hands the
-// instance to the reconciler through the work queue. It calls neither EC2
-// nor Kubernetes: a lookup per event would spend the account's shared
-// buckets one call per exit when thousands end together, so the reconciler
-// checks them in batches (package reaper).
+// statechange function), and hands them to the reconciler through the work
+// queue. It calls neither EC2 nor Kubernetes, and writes no ledger: a
+// lookup per event would spend the account's shared buckets one call per
+// exit when thousands end together, so the reconciler checks them in
+// batches (package reaper), and only what the instance's launch tags back
+// ever reaches the ledger.
 package intake
 
 import (
@@ -16,27 +17,19 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
-	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
-	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
-
-// Ledger records exits (package ledger).
-type Ledger interface {
-	RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit, verified bool) (ledger.Record, error)
-}
 
 // Queue is the work queue (package workqueue).
 type Queue interface {
 	Send(ctx context.Context, delay time.Duration, msgs ...workqueue.Message) error
 }
 
-// Intake records what the events report and queues the work.
+// Intake queues what the events report.
 type Intake struct {
-	Ledger Ledger
-	Queue  Queue
-	Log    *slog.Logger
+	Queue Queue
+	Log   *slog.Logger
 	// Metrics records what the handlers did (nil records nothing); each
 	// handler flushes it before it returns.
 	Metrics *metrics.Recorder
@@ -47,8 +40,10 @@ type Intake struct {
 type ExitSummary struct {
 	InstanceID string `json:"instanceId"`
 	Lines      int    `json:"lines"`
-	// Recorded counts the lines the ledger now reflects: one write per
-	// batch, of the latest exit, which carries the earlier ones' count.
+	// Recorded counts the well-formed lines. Their claims are on the
+	// queue, which holds them until the reconciler has checked them and
+	// written the ledger: the queue message is the exit's write-ahead
+	// record.
 	Recorded int `json:"recorded"`
 	// Queued counts the exit claims handed to the reconciler, which checks
 	// them against the instance's tags: one per Pod the lines name.
@@ -97,17 +92,18 @@ func (in *Intake) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsE
 	return in.HandleExits(ctx, batch)
 }
 
-// HandleExits records a batch's latest exit in the ledger and hands the
-// instance to the reconciler, with the latest exit line of each Pod the
-// lines name as a claim to check against the instance's launch tags. Bad
-// lines are logged and counted, never fatal to the batch. The exit is in
-// the ledger before anything else, marked unverified until the reconciler
-// has checked it, so an error returned here (the invocation is retried)
-// loses nothing.
+// HandleExits hands the reconciler the latest exit line of each Pod the
+// batch's lines name, as a claim to check against the instance's launch
+// tags. Bad lines are logged and counted, never fatal to the batch. An
+// error returned here (the claims could not be queued) fails the
+// invocation: Lambda retries it, and then keeps the event in the
+// function's failure destination, so no exit is lost.
 //
 // No EC2 call is made here: a tag lookup per exit would spend the
 // account's DescribeInstances bucket one call per exit in a burst; the
-// reconciler makes one per 200 instances.
+// reconciler makes one per 200 instances. Nor is the ledger written: a
+// line is a host's word, and only what its instance's tags back is
+// recorded, by the reconciler, once per batch.
 func (in *Intake) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSummary, err error) {
 	sum = ExitSummary{InstanceID: b.InstanceID, Lines: len(b.Lines) + len(b.Rejected)}
 	defer func() { in.recordRejections(sum) }()
@@ -119,18 +115,9 @@ func (in *Intake) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSu
 	if len(b.Lines) == 0 {
 		return sum, nil
 	}
-	// The status is derived from the latest exit alone (restart counts
-	// order them), so one write of it stands for the whole batch.
-	pod, exit := b.Lines[len(b.Lines)-1].Claim()
-	if _, err := in.Ledger.RecordExit(ctx, b.InstanceID, pod, exit, false); err != nil {
-		return sum, fmt.Errorf("record exit of %s: %w", b.InstanceID, err)
-	}
-	sum.Recorded = len(b.Lines)
-	in.Metrics.Count(metrics.ExitsRecorded, sum.Recorded)
-	in.Metrics.Observe(metrics.FinishToRecorded, in.Now().Sub(exit.FinishedAt))
-
 	// One claim per Pod: a forged line naming another Pod cannot hide the
-	// real one, whatever its restart count.
+	// real one, whatever its restart count. The status is derived from a
+	// Pod's latest exit alone (restart counts order them).
 	latest := map[string]int{}
 	for i, l := range b.Lines {
 		latest[l.PodUID] = i
@@ -145,7 +132,8 @@ func (in *Intake) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSu
 	if err := in.Queue.Send(ctx, 0, msgs...); err != nil {
 		return sum, fmt.Errorf("hand exit of %s to the reconciler: %w", b.InstanceID, err)
 	}
-	sum.Queued = len(msgs)
+	sum.Recorded, sum.Queued = len(b.Lines), len(msgs)
+	in.Metrics.Count(metrics.ExitsRecorded, sum.Recorded)
 	in.Metrics.Count(metrics.WorkItemsQueued, len(msgs))
 	return sum, nil
 }

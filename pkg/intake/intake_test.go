@@ -14,8 +14,8 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
-// The intake's functions write the ledger and the queue only; they reach
-// neither EC2 nor Kubernetes, so these fakes are all they have (package
+// The intake's functions write the queue only; they reach neither the
+// ledger nor EC2 nor Kubernetes, so this fake is all they have (package
 // fakes), and a call to anything else could not even be wired.
 
 func testNow() time.Time { return time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC) }
@@ -29,12 +29,12 @@ func line(n int, restarts int32, willRestart bool) exitline.Line {
 		StartedAt: time.Date(2026, 12, 1, 11, 0, 0, 0, time.UTC), FinishedAt: time.Date(2026, 12, 1, 11, 59, 0, 0, time.UTC)}
 }
 
-// The exitrecorder writes the latest exit, unverified, and queues the
-// latest claim of each Pod the lines name; it calls neither EC2 nor
-// Kubernetes.
-func TestHandleExitsRecordsAndQueues(t *testing.T) {
-	l, q := fakes.NewLedger(testNow), &fakes.Queue{}
-	in := &intake.Intake{Ledger: l, Queue: q, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: testNow}
+// The exitrecorder queues the latest claim of each Pod the lines name, and
+// nothing else: what a host wrote reaches the ledger only once the
+// reconciler has checked it against the instance's tags.
+func TestHandleExitsQueues(t *testing.T) {
+	q := &fakes.Queue{}
+	in := &intake.Intake{Queue: q, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: testNow}
 	sum, err := in.HandleExits(t.Context(), exitline.Batch{InstanceID: fakes.InstanceID(1), Lines: []exitline.Line{
 		line(1, 0, true), line(2, 5, false), line(1, 1, false),
 	}, Rejected: []exitline.Rejection{{EventID: "e", Reason: intake.ReasonUndecodable, Err: errBadLine}}})
@@ -43,10 +43,6 @@ func TestHandleExitsRecordsAndQueues(t *testing.T) {
 	}
 	if sum.Lines != 4 || sum.Recorded != 3 || sum.Queued != 2 || sum.Rejected != 1 {
 		t.Fatalf("summary %+v", sum)
-	}
-	r := l.Recs[fakes.InstanceID(1)]
-	if !r.Unverified || r.Pod != fakes.Pod(1) || r.Exit.RestartCount != 1 || r.Pending == "" {
-		t.Fatalf("record %+v, want the latest line's exit, unverified", r)
 	}
 	if len(q.Sent) != 1 || len(q.Sent[0].Msgs) != 2 {
 		t.Fatalf("sent %+v", q.Sent)
@@ -65,14 +61,14 @@ func TestHandleExitsRecordsAndQueues(t *testing.T) {
 
 // A state change goes to the queue as it came.
 func TestHandleStateChangeQueues(t *testing.T) {
-	l, q := fakes.NewLedger(testNow), &fakes.Queue{}
-	in := &intake.Intake{Ledger: l, Queue: q, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: testNow}
+	q := &fakes.Queue{}
+	in := &intake.Intake{Queue: q, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: testNow}
 	at := time.Date(2026, 12, 1, 11, 0, 0, 0, time.UTC)
 	sum, err := in.HandleStateChange(t.Context(), statechange.Message{InstanceID: fakes.InstanceID(1), State: "terminated", Time: at})
 	if err != nil || !sum.Queued {
 		t.Fatalf("summary %+v, %v", sum, err)
 	}
-	if len(q.Sent) != 1 || q.Sent[0].Msgs[0] != workqueue.State(fakes.InstanceID(1), "terminated", at) || len(l.Recs) != 0 {
-		t.Fatalf("sent %+v, ledger %v", q.Sent, l.Recs)
+	if len(q.Sent) != 1 || q.Sent[0].Msgs[0] != workqueue.State(fakes.InstanceID(1), "terminated", at) {
+		t.Fatalf("sent %+v", q.Sent)
 	}
 }

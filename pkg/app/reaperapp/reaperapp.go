@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"k8s.io/client-go/rest"
 
@@ -26,7 +27,8 @@ import (
 // test sets the ones it points elsewhere or wraps.
 type Clients struct {
 	app.Clients
-	EC2 *ec2.Client
+	DynamoDB *dynamodb.Client
+	EC2      *ec2.Client
 	// Kube is the apiserver's REST configuration (default: how
 	// Config.Kube says to reach it).
 	Kube *rest.Config
@@ -47,6 +49,9 @@ func New(ctx context.Context, s app.Setup, c Clients) (*reaper.Reaper, error) {
 		Log:     s.Log,
 		Metrics: s.Metrics(),
 		Now:     s.Now,
+	}
+	if c.DynamoDB == nil {
+		c.DynamoDB = dynamodb.NewFromConfig(s.AWS)
 	}
 	table := ledger.New(c.DynamoDB, cfg.Table)
 	r.Ledger = table
