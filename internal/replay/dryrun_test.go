@@ -218,8 +218,8 @@ type recordingPods struct {
 	d *decisions
 }
 
-func (p recordingPods) Apply(ctx context.Context, ref model.PodRef, o model.Outcome) (kube.Result, error) {
-	res, err := p.Pods.Apply(ctx, ref, o)
+func (p recordingPods) ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome) (kube.Result, error) {
+	res, err := p.Pods.ApplyTo(ctx, snap, o)
 	if err == nil {
 		r := string(res)
 		if res == kube.Patched || res == kube.DryRun {

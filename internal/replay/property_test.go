@@ -194,7 +194,7 @@ func newPropCore(t *testing.T, c propCore) (*intake.Intake, *reaper.Reaper) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return app.NewIntake(setup, clients), core
+	return app.NewIntake(setup, clients.Clients), core
 }
 
 // unpaced is a bucket no scenario empties.
