@@ -1,0 +1,99 @@
+package replay
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/reaper-k8s/reaper/internal/ec2server"
+)
+
+// throttleExits Pods end while the account's other tools hold EC2's
+// TerminateInstances buckets empty for throttleHold; the reconciler runs
+// with a throttleTimeout function timeout, so that refused terminations
+// meet its deadline, and the queue's visibility timeout is 6 × that, as
+// the construct deploys it.
+const (
+	throttleExits   = 200
+	throttleHold    = 60 * time.Second
+	throttleTimeout = 20 * time.Second
+)
+
+// The account's other tools hold the Terminate buckets empty for a minute
+// while 200 Pods end: every TerminateInstances is refused until then.
+// Reaper writes every Pod, defers the terminations it is refused instead of
+// failing them, and terminates every instance after the hold, once each;
+// nothing fails with the SDK's "retry quota exceeded", and no work is
+// dead-lettered.
+func TestTerminateBucketHeldEmpty(t *testing.T) {
+	// Not parallel: it holds the shared EC2 test server's buckets empty.
+	ctx := t.Context()
+	b, err := NewBurst(ctx, lab.Stack, "reaper-throttle-ledger", lab.Bootstraps, BurstOptions{
+		Exits: throttleExits, Scale: burstScale,
+		Lab: LabOptions{
+			Env:             []string{"AWS_LAMBDA_FUNCTION_TIMEOUT=" + strings.TrimSuffix(throttleTimeout.String(), "s")},
+			QueueVisibility: 6 * throttleTimeout,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	lab.Stack.EC2.EnableBuckets(ec2server.PublishedLimits(), burstScale)
+	t.Cleanup(lab.Stack.EC2.DisableBuckets)
+	lab.Stack.EC2.HoldEmpty("TerminateInstances", throttleHold)
+	heldUntil := time.Now().Add(throttleHold)
+
+	res, err := b.Run(ctx)
+	if res != nil {
+		t.Cleanup(func() {
+			for _, p := range res.Pods {
+				lab.Stack.EC2.RemoveInstance(p.InstanceID)
+			}
+		})
+	}
+	logs := ""
+	for _, f := range b.Lab.Reconcilers {
+		logs += f.Logs()
+	}
+	if err != nil {
+		t.Fatalf("burst: %v\nreconciler output (tail):\n%s", err, Tail(logs, 40))
+	}
+	if strings.Contains(logs, "retry quota exceeded") {
+		t.Errorf("the reconciler ran out of the SDK's retry quota:\n%s", Tail(logs, 40))
+	}
+	if res.Refused["TerminateInstances"] == 0 {
+		t.Fatal("no TerminateInstances refused: the hold did not bite")
+	}
+	for _, p := range res.Pods {
+		if p.Phase != corev1.PodSucceeded && p.Phase != corev1.PodFailed {
+			t.Errorf("pod %s is %s", p.Name, p.Phase)
+		}
+		if s := instanceState(t, p.InstanceID); s != ec2server.Terminated {
+			t.Errorf("instance %s is %s", p.InstanceID, s)
+		}
+		if p.Terminates != 1 {
+			t.Errorf("instance %s terminated %d times: %s", p.InstanceID, p.Terminates, terminatesNaming(p.InstanceID))
+		}
+		if p.ShuttingDown.Before(heldUntil) {
+			t.Errorf("instance %s terminated at %s, during the hold", p.InstanceID, p.ShuttingDown.Format(time.StampMilli))
+		}
+	}
+	var deferred, failed int
+	for _, c := range res.Batches {
+		deferred += c.Deferred
+		failed += c.Failed
+	}
+	if failed != 0 || deferred == 0 {
+		t.Errorf("batches failed %d instances and deferred %d: want the refused terminations deferred, none failed", failed, deferred)
+	}
+	if res.DeadLettered != 0 {
+		t.Errorf("%d work items dead-lettered", res.DeadLettered)
+	}
+	all, _ := res.AllShuttingDown()
+	t.Logf("%d exits, Terminate held empty %v: all shutting down %v after the first delivery; EC2 %v, refused %v, SDK retries %v; "+
+		"%d invocations, batch sizes %v; deferred %d", throttleExits, throttleHold, all, res.EC2, res.Refused, res.Retried,
+		res.Invocations, res.BatchSizes, deferred)
+}
