@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// TestRBAC pins rbac.yaml to the calls pkg/kube makes: get Pods, patch
+// TestRBAC pins rbac.yaml to the calls pkg/kube makes: get and list Pods, patch
 // pods/status, create Events, and nothing more.
 func TestRBAC(t *testing.T) {
 	raw, err := os.ReadFile("rbac.yaml")
@@ -40,7 +40,7 @@ func TestRBAC(t *testing.T) {
 		}
 	}
 	want := []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}},
 		{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
 	}

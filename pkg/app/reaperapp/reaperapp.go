@@ -67,6 +67,7 @@ func New(ctx context.Context, s app.Setup, c Clients) (*reaper.Reaper, error) {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	pods := kube.NewStatusWriter(kc)
+	pods.Log, pods.Metrics = s.Log, r.Metrics
 	r.Pods = pods
 
 	if c.EC2 == nil {
