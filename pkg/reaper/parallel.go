@@ -88,6 +88,15 @@ func phasesOf(ctx context.Context) phases {
 	return phases{work: d.Add(-settle - wait), terminate: d.Add(-settle), settle: d.Add(-settle / 8)}
 }
 
+// halfway is the time halfway from now to t (zero for zero).
+func halfway(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	now := time.Now()
+	return now.Add(t.Sub(now) / 2)
+}
+
 // withDeadline is ctx ending at t (never, for the zero time).
 func withDeadline(ctx context.Context, t time.Time) (context.Context, context.CancelFunc) {
 	if t.IsZero() {

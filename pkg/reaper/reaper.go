@@ -125,7 +125,12 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 			refs = append(refs, ref)
 		}
 	}
-	snaps, readErr := r.Pods.ReadMany(podCtx, refs)
+	// The reads may take half the time left for the Pods: a slow apiserver
+	// then still leaves the other half to write those that were read.
+	readCtx, cancelRead := withDeadline(podCtx, halfway(p.work))
+	snaps, readErr := r.Pods.ReadMany(readCtx, refs)
+	readErr = outOfTime(readCtx, readErr)
+	cancelRead()
 	_ = forEach(podCtx, podWorkers, writes, func(i int) error {
 		view := works[i].view
 		snap, read := snaps[view.Pod]
@@ -133,7 +138,7 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 		case view.Pod.UID == "":
 			works[i].podErr = fmt.Errorf("instance %s: no Pod known for it (no exit line and no pod tags)", view.InstanceID)
 		case !read:
-			works[i].podErr = outOfTime(podCtx, fmt.Errorf("read pod %s: %w", view.Pod, readErr))
+			works[i].podErr = fmt.Errorf("read pod %s: %w", view.Pod, readErr)
 		default:
 			res, err := r.Pods.ApplyTo(podCtx, snap, *reps[i].Plan.Pod)
 			reps[i].PodResult, works[i].podErr = res, outOfTime(podCtx, err)
