@@ -99,11 +99,13 @@ func TestContextKnobs(t *testing.T) {
 		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
 			"MetricName": "ApproximateAgeOfOldestMessage", "Threshold": 900,
 		})
+		// The sweeper's reserved concurrency is fixed: one sweep at a time.
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"ReservedConcurrentExecutions": 10}, jsii.Number(3))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"ReservedConcurrentExecutions": 1}, jsii.Number(1))
 		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
-			"MemorySize":                   512,
-			"ReservedConcurrentExecutions": 10,
-			"VpcConfig":                    map[string]any{"SubnetIds": []any{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"}, "SecurityGroupIds": []any{"sg-0123456789abcdef0"}},
-			"LoggingConfig":                map[string]any{"LogFormat": "JSON", "ApplicationLogLevel": "WARN", "SystemLogLevel": "INFO", "LogGroup": map[string]any{"Ref": assertions.Match_AnyValue()}},
+			"MemorySize":    512,
+			"VpcConfig":     map[string]any{"SubnetIds": []any{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"}, "SecurityGroupIds": []any{"sg-0123456789abcdef0"}},
+			"LoggingConfig": map[string]any{"LogFormat": "JSON", "ApplicationLogLevel": "WARN", "SystemLogLevel": "INFO", "LogGroup": map[string]any{"Ref": assertions.Match_AnyValue()}},
 			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
 				"REAPER_TABLE":             map[string]any{"Ref": assertions.Match_AnyValue()},
 				"REAPER_QUEUE_URL":         map[string]any{"Ref": assertions.Match_AnyValue()},
@@ -132,7 +134,8 @@ func TestContextKnobs(t *testing.T) {
 			}})}),
 			"Threshold": 90000,
 		})
-		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 1800})
+		// The sweeper's is fixed: a minute.
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 1800}, jsii.Number(2))
 		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"ScheduleExpression": "rate(2 minutes)"})
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
 		tmpl.ResourceCountIs(jsii.String("AWS::SNS::Topic"), jsii.Number(1))

@@ -88,12 +88,14 @@ type Props struct {
 	MemoryMB int
 	// ReservedConcurrency caps each function's concurrency, protecting the
 	// apiserver and the EC2 API from bursts (default 0: unreserved). It
-	// must leave the reconciler ReconcilerMaxConcurrency.
+	// must leave the reconciler ReconcilerMaxConcurrency. The sweeper's is
+	// always 1: one sweep at a time.
 	ReservedConcurrency int
 	// SweepRate is how often the sweeper runs, in whole minutes (default 1m).
 	SweepRate time.Duration
 	// MaxEventAge is how long Lambda keeps retrying an asynchronous event
-	// before it goes to the failure queue (default 1h, 1m to 6h).
+	// of the exitrecorder or statechange before it goes to the failure
+	// queue (default 1h, 1m to 6h). The sweeper's is ScheduledMaxEventAge.
 	MaxEventAge time.Duration
 	// IncludeRunning also sends "running" state changes to statechange, for
 	// launch latency figures (default false: only the four end states).
@@ -167,6 +169,11 @@ const (
 	// RetryAttempts is how often Lambda retries a failed asynchronous event
 	// (the maximum): every step is idempotent, so a retry is always safe.
 	RetryAttempts = 2
+	// ScheduledMaxEventAge is how long a sweep that cannot start (the
+	// previous one still runs) may wait before Lambda drops it: the
+	// minimum Lambda and EventBridge allow, and no more than one SweepRate,
+	// so waiting sweeps never pile up behind a slow one.
+	ScheduledMaxEventAge = time.Minute
 	// FailureRetention is how long the failure queue and the work
 	// dead-letter queue keep messages (the SQS maximum), time to notice
 	// the alarm and replay them.

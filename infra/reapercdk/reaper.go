@@ -75,13 +75,21 @@ type function struct {
 	// synchronously. The others are invoked asynchronously, with retries
 	// and the failure queue.
 	consumes bool
+	// scheduled: a schedule invokes it, and each run redoes what the last
+	// one left. One runs at a time (reserved concurrency 1), with no
+	// retries and no failure queue: a run that fails, or cannot start
+	// within ScheduledMaxEventAge, is replaced by the next one. Lambda
+	// keeps a throttled asynchronous event and tries it again until its
+	// maximum age (https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html),
+	// so the age, not the retry count, bounds how long a sweep waits.
+	scheduled bool
 }
 
 var functions = []function{
 	{
 		name: metrics.FunctionExitRecorder, id: "ExitRecorder", timeout: time.Minute,
-		description: "Reaper: records container exits in the ledger and queues their instances",
-		ledger:      true, produces: true,
+		description: "Reaper: queues the container exits the hosts report, for the reconciler to check",
+		produces:    true,
 	},
 	{
 		name: metrics.FunctionStateChange, id: "StateChange", timeout: time.Minute,
@@ -91,7 +99,7 @@ var functions = []function{
 	{
 		name: metrics.FunctionSweeper, id: "Sweeper", timeout: 5 * time.Minute,
 		description: "Reaper: on a schedule, queues pending work and managed instances without a live Pod",
-		ledger:      true, batchReads: true, sweeps: true, describes: true, kube: true, produces: true,
+		ledger:      true, batchReads: true, sweeps: true, describes: true, kube: true, produces: true, scheduled: true,
 	},
 	{
 		name: metrics.FunctionReconciler, id: "Reconciler", timeout: ReconcilerTimeout,
@@ -264,7 +272,14 @@ func New(scope constructs.Construct, id string, props *Props) *Reaper {
 	awsevents.NewRule(r.Construct, jsii.String("Sweep"), &awsevents.RuleProps{
 		Description: jsii.String("Reaper: sweeper schedule"),
 		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(p.SweepRate.Minutes()))),
-		Targets:     &[]awsevents.IRuleTarget{r.target(r.Sweeper)},
+		// A sweep EventBridge cannot hand to Lambda at once is not worth
+		// retrying: the next one is a minute away. One it cannot hand over
+		// at all still goes to the failure queue, and its alarm.
+		Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(r.Sweeper, &awseventstargets.LambdaFunctionProps{
+			DeadLetterQueue: r.FailureQueue,
+			RetryAttempts:   jsii.Number(0),
+			MaxEventAge:     seconds(ScheduledMaxEventAge),
+		})},
 	})
 
 	r.alarms()
@@ -390,7 +405,10 @@ func (r *Reaper) function(stack awscdk.Stack, spec function) awslambda.Function 
 	}
 
 	var reserved *float64
-	if p.ReservedConcurrency > 0 {
+	switch {
+	case spec.scheduled:
+		reserved = jsii.Number(1)
+	case p.ReservedConcurrency > 0:
 		reserved = jsii.Number(p.ReservedConcurrency)
 	}
 	env := r.environment(spec)
@@ -411,7 +429,11 @@ func (r *Reaper) function(stack awscdk.Stack, spec function) awslambda.Function 
 		// INFO keeps the REPORT lines: duration and memory per invocation.
 		SystemLogLevelV2: awslambda.SystemLogLevel_INFO,
 	}
-	if !spec.consumes {
+	switch {
+	case spec.scheduled:
+		props.RetryAttempts = jsii.Number(0)
+		props.MaxEventAge = seconds(ScheduledMaxEventAge)
+	case !spec.consumes:
 		props.RetryAttempts = jsii.Number(RetryAttempts)
 		props.MaxEventAge = seconds(p.MaxEventAge)
 		props.OnFailure = awslambdadestinations.NewSqsDestination(r.FailureQueue)
@@ -530,11 +552,16 @@ func (r *Reaper) alarms() {
 	for i, fn := range r.Functions() {
 		spec := functions[i]
 		retried := "it will be retried"
-		if spec.consumes {
+		throttled := "raise ReservedConcurrency or the account limit"
+		switch {
+		case spec.consumes:
 			retried = "SQS delivers its batch again after the visibility timeout"
+		case spec.scheduled:
+			retried = "the next scheduled run redoes it"
+			throttled = "a run outlasted SweepRate; the next waited for it, or was dropped after a minute and replaced by the one after: see the sweep lines' durationMs"
 		}
 		r.alarm(spec.id+"Errors", "Reaper "+spec.name+" failed an invocation ("+retried+"; see its logs)", fn.MetricErrors(sum), 0)
-		r.alarm(spec.id+"Throttles", "Reaper "+spec.name+" was throttled (raise ReservedConcurrency or the account limit)", fn.MetricThrottles(sum), 0)
+		r.alarm(spec.id+"Throttles", "Reaper "+spec.name+" was throttled ("+throttled+")", fn.MetricThrottles(sum), 0)
 	}
 	maximum := &awscloudwatch.MetricOptions{Period: seconds(alarmPeriod), Statistic: jsii.String("Maximum")}
 	r.alarm("FailuresVisible", "Reaper events failed every retry and wait in the failure queue: inspect and replay them",

@@ -168,6 +168,11 @@ func TestFunctions(t *testing.T) {
 			env["REAPER_EC2_SHARE"] = "0.5"
 			env["REAPER_RECONCILER_CONCURRENCY"] = "2"
 		}
+		// One sweep at a time; the others are unreserved by default.
+		var reserved any = assertions.Match_Absent()
+		if id == "Sweeper" {
+			reserved = 1
+		}
 		cdktest.Must(t, func() {
 			tmpl.HasResource(jsii.String("AWS::Lambda::Function"), map[string]any{
 				"Properties": map[string]any{
@@ -181,7 +186,7 @@ func TestFunctions(t *testing.T) {
 						"LogGroup": assertions.Match_ObjectLike(&map[string]any{"Ref": assertions.Match_StringLikeRegexp(jsii.String("^Reaper" + id + "Logs"))}),
 					},
 					"Environment":                  map[string]any{"Variables": env},
-					"ReservedConcurrentExecutions": assertions.Match_Absent(),
+					"ReservedConcurrentExecutions": reserved,
 					"VpcConfig":                    assertions.Match_Absent(),
 				},
 			})
@@ -253,13 +258,27 @@ func TestAsyncInvokeAndFailureQueue(t *testing.T) {
 	if !slices.Equal(configured, want) {
 		t.Fatalf("invoke configs for %v, want %v", configured, want)
 	}
-	cdktest.Must(t, func() {
-		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{
-			"MaximumRetryAttempts":     2,
-			"MaximumEventAgeInSeconds": 3600,
+	// The event-driven functions retry and then keep what failed; the
+	// sweeper does neither: a sweep that failed or could not start within
+	// a minute is replaced by the next one.
+	sweeper, _ := fn(t, m, "Sweeper")
+	for _, c := range configs {
+		got := cdktest.Props(c)
+		want := map[string]any{
+			"FunctionName":             got["FunctionName"],
+			"Qualifier":                "$LATEST",
+			"MaximumRetryAttempts":     2.0,
+			"MaximumEventAgeInSeconds": 3600.0,
 			"DestinationConfig":        map[string]any{"OnFailure": map[string]any{"Destination": getAtt(queueID, "Arn")}},
-		})
-	})
+		}
+		if compact(got["FunctionName"]) == compact(map[string]any{"Ref": sweeper}) {
+			want["MaximumRetryAttempts"], want["MaximumEventAgeInSeconds"] = 0.0, 60.0
+			delete(want, "DestinationConfig")
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("invoke config\n got %s\nwant %s", compact(got), compact(want))
+		}
+	}
 	// The queue refuses plain HTTP and accepts EventBridge's dead letters.
 	has(t, tmpl, "AWS::SQS::QueuePolicy", map[string]any{
 		"Queues": []any{map[string]any{"Ref": queueID}},
@@ -351,21 +370,22 @@ func TestTriggers(t *testing.T) {
 	has(t, tmpl, "AWS::Lambda::Permission", map[string]any{
 		"FunctionName": getAtt(exitRecorder, "Arn"), "Principal": "logs.amazonaws.com", "SourceArn": getAtt(exitGroup, "Arn"),
 	})
-	target := func(fnID string) map[string]any {
+	target := func(fnID string, retries, age int) map[string]any {
 		return map[string]any{"Targets": []any{assertions.Match_ObjectLike(&map[string]any{
 			"Arn":              getAtt(fnID, "Arn"),
 			"DeadLetterConfig": map[string]any{"Arn": getAtt(queueID, "Arn")},
-			"RetryPolicy":      map[string]any{"MaximumRetryAttempts": 2, "MaximumEventAgeInSeconds": 3600},
+			"RetryPolicy":      map[string]any{"MaximumRetryAttempts": retries, "MaximumEventAgeInSeconds": age},
 		})}}
 	}
-	rule := target(stateChange)
+	rule := target(stateChange, 2, 3600)
 	rule["EventPattern"] = map[string]any{
 		"source":      []any{"aws.ec2"},
 		"detail-type": []any{"EC2 Instance State-change Notification"},
 		"detail":      map[string]any{"state": []any{"stopping", "stopped", "shutting-down", "terminated"}},
 	}
 	has(t, tmpl, "AWS::Events::Rule", rule)
-	schedule := target(sweeper)
+	// A sweep is not retried: the next one is due within a minute.
+	schedule := target(sweeper, 0, 60)
 	schedule["ScheduleExpression"] = "rate(1 minute)"
 	has(t, tmpl, "AWS::Events::Rule", schedule)
 	for _, id := range []string{stateChange, sweeper} {
@@ -389,6 +409,14 @@ func TestAlarms(t *testing.T) {
 			})
 		}
 	}
+	// A throttled sweep is one that waited for the previous sweep, not a
+	// concurrency limit to raise.
+	sweeper, _ := fn(t, m, "Sweeper")
+	has(t, tmpl, "AWS::CloudWatch::Alarm", map[string]any{
+		"MetricName":       "Throttles",
+		"Dimensions":       []any{map[string]any{"Name": "FunctionName", "Value": map[string]any{"Ref": sweeper}}},
+		"AlarmDescription": assertions.Match_StringLikeRegexp(jsii.String("a run outlasted SweepRate")),
+	})
 	// Any message in the failure queue or the work dead-letter queue, and
 	// work older than QueueAgeAlarm (in seconds, as SQS reports it).
 	for _, q := range []struct {
@@ -655,14 +683,14 @@ func compact(v any) string {
 // Kubernetes for the sweeper and the reconciler, sqs:SendMessage and
 // nothing else on the work queue for the producers, the consumer rights
 // for the reconciler, and the failure queue for the functions invoked
-// asynchronously.
+// asynchronously by events (not the sweeper, whose failed runs the next
+// one replaces).
 func TestFunctionPermissions(t *testing.T) {
 	_, m := defaults(t)
 	tableID, _ := cdktest.Only(t, m, "AWS::DynamoDB::Table")
 	workID, _ := queue(t, m, "Work")
 	failuresID, _ := queue(t, m, "Failures")
 	var (
-		ledger   = []string{"dynamodb:GetItem", "dynamodb:UpdateItem"}
 		batch    = []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:UpdateItem"}
 		produce  = []string{"sqs:SendMessage"}
 		failures = []string{"sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage"}
@@ -672,10 +700,10 @@ func TestFunctionPermissions(t *testing.T) {
 		logs    = []string{"logs:CreateLogStream", "logs:PutLogEvents"}
 	)
 	for id, want := range map[string]map[string][]string{
-		"ExitRecorder": {"logs": logs, "table": ledger, "work": produce, "failures": failures},
+		"ExitRecorder": {"logs": logs, "work": produce, "failures": failures},
 		"StateChange":  {"logs": logs, "work": produce, "failures": failures},
 		"Sweeper": {"logs": logs, "table": batch, "index": {"dynamodb:Query"}, "*": {"ec2:DescribeInstances"},
-			"cluster": {"eks:DescribeCluster"}, "work": produce, "failures": failures},
+			"cluster": {"eks:DescribeCluster"}, "work": produce},
 		"Reconciler": {"logs": logs, "table": batch, "*": {"ec2:DescribeInstances"}, "instance": {"ec2:TerminateInstances"},
 			"cluster": {"eks:DescribeCluster"}, "work": consume},
 	} {
@@ -845,11 +873,13 @@ func TestOptions(t *testing.T) {
 		t.Errorf("table %v", table)
 	}
 	cdktest.Must(t, func() {
+		// The sweeper keeps its reserved concurrency of 1.
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"ReservedConcurrentExecutions": 5}, jsii.Number(3))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"ReservedConcurrentExecutions": 1}, jsii.Number(1))
 		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
-			"MemorySize":                   512,
-			"ReservedConcurrentExecutions": 5,
-			"VpcConfig":                    map[string]any{"SubnetIds": []any{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"}, "SecurityGroupIds": []any{"sg-0123456789abcdef0"}},
-			"LoggingConfig":                assertions.Match_ObjectLike(&map[string]any{"ApplicationLogLevel": "DEBUG"}),
+			"MemorySize":    512,
+			"VpcConfig":     map[string]any{"SubnetIds": []any{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"}, "SecurityGroupIds": []any{"sg-0123456789abcdef0"}},
+			"LoggingConfig": assertions.Match_ObjectLike(&map[string]any{"ApplicationLogLevel": "DEBUG"}),
 			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
 				"REAPER_LOG_LEVEL": "debug", "REAPER_METRICS_NAMESPACE": "Ops/Reaper-prod",
 			})},
@@ -875,7 +905,8 @@ func TestOptions(t *testing.T) {
 		// The network interface actions are the roles' own, not
 		// AWSLambdaVPCAccessExecutionRole, which may write to any log group.
 		tmpl.AllResourcesProperties(jsii.String("AWS::IAM::Role"), map[string]any{"ManagedPolicyArns": assertions.Match_Absent()})
-		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 7200})
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 7200}, jsii.Number(2))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 60}, jsii.Number(1))
 		tmpl.AllResourcesProperties(jsii.String("AWS::EKS::AccessEntry"), map[string]any{
 			"ClusterName": "prod", "KubernetesGroups": []any{"reaper"}, "Type": "STANDARD",
 			"PrincipalArn": map[string]any{"Fn::GetAtt": []any{assertions.Match_AnyValue(), "Arn"}},

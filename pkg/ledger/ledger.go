@@ -11,8 +11,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -30,11 +33,34 @@ const (
 	// PendingIndex is a sparse global secondary index on PendingAttribute:
 	// only records that may still need work carry the attribute, so the
 	// sweeper queries a handful of items instead of scanning a month of
-	// history every minute.
+	// history every minute. The attribute is a string: the record's shard
+	// (pendingValue).
 	PendingIndex     = "pending"
 	PendingAttribute = "pending"
-	pendingValue     = "1"
 )
+
+// pendingShards is how many values PendingAttribute takes. An index puts
+// all items with one key value in one partition, and a partition takes at
+// most 1,000 write units and 3,000 read units a second
+// (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/bp-partition-key-design.html).
+// Every write of a pending record is also a write to the index, and an
+// index that cannot keep up throttles the table's own writes; 16 values
+// give the index 16 partitions' worth.
+const pendingShards = 16
+
+// pendingQueries is how many shards Pending queries at once.
+const pendingQueries = 4
+
+// pendingValue is the PendingAttribute of an instance's record: its shard,
+// "0" to "15", from a hash of the id, so that every write puts a record on
+// the same shard. Older versions wrote "1" for every record; that is shard
+// 1's value, so Pending still finds those records, and their next write
+// moves them to their own shard.
+func pendingValue(instanceID string) string {
+	h := fnv.New32a()
+	h.Write([]byte(instanceID))
+	return strconv.Itoa(int(h.Sum32() % pendingShards))
+}
 
 // Retention is how long an item outlives its last write (DynamoDB TTL).
 const Retention = 30 * 24 * time.Hour
@@ -138,7 +164,7 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.Pod
 		":pod":     podAV,
 		":now":     timeAV(now),
 		":exp":     expiry(now),
-		":pending": pending,
+		":pending": pendingAV(instanceID),
 		":one":     one,
 	}
 	if verified {
@@ -201,7 +227,7 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.Po
 			return Record{}, err
 		}
 		set += ", #gone = :gone, #pending = :pending"
-		values[":gone"], values[":pending"] = goneAV, pending
+		values[":gone"], values[":pending"] = goneAV, pendingAV(instanceID)
 	}
 	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
 		UpdateExpression: aws.String(set + add),
@@ -256,7 +282,7 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	in := &dynamodb.UpdateItemInput{TableName: &t.name, Key: key(instanceID), ExpressionAttributeValues: values}
 	if !d.Settled {
 		set += ", #pending = :pending"
-		values[":pending"] = pending
+		values[":pending"] = pendingAV(instanceID)
 	} else {
 		in.ConditionExpression = aws.String("attribute_not_exists(#version) OR #version = :version")
 		values[":version"] = &types.AttributeValueMemberN{Value: fmt.Sprint(d.Version)}
@@ -275,30 +301,77 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	return nil
 }
 
-// Pending calls fn for every record that may still need work, a page at a
-// time, for the sweeper. The index is eventually consistent: a record
-// written a moment ago may only show up in the next sweep.
+// Pending calls fn for every record that may still need work, for the
+// sweeper. It queries the index's shards, pendingQueries at a time, and
+// calls fn on the calling goroutine only, one record at a time, in no
+// particular order. The first error of a query or of fn ends it, and
+// Pending returns that error once its queries have stopped. The index is
+// eventually consistent: a record written a moment ago may only show up in
+// the next sweep, and an older version's record (on shard "1") written
+// while Pending runs may be passed twice.
 func (t *Table) Pending(ctx context.Context, fn func(Record) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	shards := make(chan string, pendingShards)
+	for s := range pendingShards {
+		shards <- strconv.Itoa(s)
+	}
+	close(shards)
+	pages := make(chan []map[string]types.AttributeValue)
+	var wg sync.WaitGroup
+	for range pendingQueries {
+		wg.Go(func() {
+			for shard := range shards {
+				if err := t.pendingShard(ctx, shard, pages); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		})
+	}
+	go func() {
+		wg.Wait()
+		close(pages)
+	}()
+	// Read every page, even after an error, so that no query waits to
+	// send one.
+	for page := range pages {
+		for _, item := range page {
+			if ctx.Err() != nil {
+				break
+			}
+			var rec Record
+			if err := attributevalue.UnmarshalMap(item, &rec); err != nil {
+				cancel(fmt.Errorf("ledger pending: decode: %w", err))
+				break
+			}
+			if err := fn(rec); err != nil {
+				cancel(err)
+				break
+			}
+		}
+	}
+	return context.Cause(ctx)
+}
+
+// pendingShard sends the pages of one shard of the pending index to pages.
+func (t *Table) pendingShard(ctx context.Context, shard string, pages chan<- []map[string]types.AttributeValue) error {
 	p := dynamodb.NewQueryPaginator(t.client, &dynamodb.QueryInput{
 		TableName:                 &t.name,
 		IndexName:                 aws.String(PendingIndex),
 		KeyConditionExpression:    aws.String("#pending = :pending"),
 		ExpressionAttributeNames:  names("#pending"),
-		ExpressionAttributeValues: map[string]types.AttributeValue{":pending": pending},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pending": &types.AttributeValueMemberS{Value: shard}},
 	})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
-			return fmt.Errorf("ledger pending: %w", err)
+			return fmt.Errorf("ledger pending, shard %s: %w", shard, err)
 		}
-		for _, item := range page.Items {
-			var rec Record
-			if err := attributevalue.UnmarshalMap(item, &rec); err != nil {
-				return fmt.Errorf("ledger pending: decode: %w", err)
-			}
-			if err := fn(rec); err != nil {
-				return err
-			}
+		select {
+		case pages <- page.Items:
+		case <-ctx.Done():
+			return context.Cause(ctx)
 		}
 	}
 	return nil
@@ -381,10 +454,11 @@ func names(expressions ...string) map[string]string {
 	return out
 }
 
-var (
-	pending = &types.AttributeValueMemberS{Value: pendingValue}
-	one     = &types.AttributeValueMemberN{Value: "1"}
-)
+var one = &types.AttributeValueMemberN{Value: "1"}
+
+func pendingAV(instanceID string) types.AttributeValue {
+	return &types.AttributeValueMemberS{Value: pendingValue(instanceID)}
+}
 
 func key(instanceID string) map[string]types.AttributeValue {
 	return map[string]types.AttributeValue{KeyAttribute: &types.AttributeValueMemberS{Value: instanceID}}

@@ -30,7 +30,7 @@ func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, verified
 	rc := exit.RestartCount
 	rec.InstanceID, rec.Pod, rec.Exit, rec.ExitRestartCount = id, pod, &exit, &rc
 	rec.Unverified = !verified
-	rec.Pending = pendingValue
+	rec.Pending = pendingValue(id)
 	touch(&rec, now)
 	rec.Version++
 	return rec, true
@@ -48,7 +48,7 @@ func WithState(rec Record, id string, pod model.PodRef, sc StateChange, now time
 		rec.Pod = pod
 	}
 	if sc.Gone {
-		rec.Gone, rec.Pending = &model.Gone{State: sc.State, At: sc.At.UTC()}, pendingValue
+		rec.Gone, rec.Pending = &model.Gone{State: sc.State, At: sc.At.UTC()}, pendingValue(id)
 	}
 	touch(&rec, now.UTC())
 	rec.Version++
@@ -69,7 +69,7 @@ func WithDone(rec Record, id string, d Done, now time.Time) Record {
 	if rec.Pod == (model.PodRef{}) {
 		rec.Pod = d.Pod
 	}
-	rec.Pending = pendingValue
+	rec.Pending = pendingValue(id)
 	if d.Settled && (rec.Version == 0 || rec.Version == d.Version) {
 		rec.Pending = ""
 	}

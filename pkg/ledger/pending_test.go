@@ -1,0 +1,113 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/pkg/model"
+)
+
+// The pending index spreads records over its shards, and Pending reads
+// them all: every pending record once, including one an older version
+// wrote with the single value "1", and no settled one.
+func TestPendingShards(t *testing.T) {
+	ctx := t.Context()
+	stack, err := localstack.Start(ctx, localstack.Options{Parts: localstack.Dynamo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stack.Stop)
+	db := dynamodb.NewFromConfig(stack.AWSConfig(ctx))
+	if err := CreateTable(ctx, db, "pending"); err != nil {
+		t.Fatal(err)
+	}
+	table := New(db, "pending")
+
+	pod := model.PodRef{Namespace: "jobs", Name: "train", UID: "00000000-0000-0000-0000-00000000000a"}
+	want := map[string]bool{}
+	for n := range 200 {
+		id := fmt.Sprintf("i-%017x", n+1)
+		rec, err := table.RecordExit(ctx, id, pod, model.Exit{Container: "main"}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Pending != pendingValue(id) {
+			t.Fatalf("%s: pending %q, want its shard %q", id, rec.Pending, pendingValue(id))
+		}
+		// Every fourth record is settled, every other one only marked.
+		switch n % 4 {
+		case 0:
+			err = table.MarkDone(ctx, id, Done{PodSynced: "exit/0", Terminated: true, Settled: true, Version: rec.Version})
+		case 1:
+			err = table.MarkDone(ctx, id, Done{PodSynced: "exit/0"})
+			want[id] = true
+		default:
+			want[id] = true
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A record as an older version left it: on "1", which is not its own
+	// shard.
+	legacy := "i-0000000000000aaaa"
+	if pendingValue(legacy) == "1" {
+		t.Fatalf("%s hashes to shard 1: pick another id", legacy)
+	}
+	item, err := attributevalue.MarshalMap(Record{InstanceID: legacy, Pod: pod, Pending: "1", Version: 1, UpdatedAt: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String("pending"), Item: item}); err != nil {
+		t.Fatal(err)
+	}
+	want[legacy] = true
+
+	out, err := db.Scan(ctx, &dynamodb.ScanInput{TableName: aws.String("pending"), IndexName: aws.String(PendingIndex)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards := map[string]int{}
+	for _, item := range out.Items {
+		shards[item[PendingAttribute].(*types.AttributeValueMemberS).Value]++
+	}
+	if len(shards) != pendingShards {
+		t.Errorf("%d pending records on %d shards, want all %d: %v", len(want), len(shards), pendingShards, shards)
+	}
+
+	seen := map[string]int{}
+	if err := table.Pending(ctx, func(rec Record) error {
+		seen[rec.InstanceID]++
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for id := range want {
+		if seen[id] != 1 {
+			t.Errorf("%s: passed %d times, want once", id, seen[id])
+		}
+	}
+	for id, n := range seen {
+		if !want[id] {
+			t.Errorf("%s: settled, passed %d times", id, n)
+		}
+	}
+
+	// fn's error ends Pending and is its answer.
+	stop := errors.New("stop")
+	calls := 0
+	if err := table.Pending(ctx, func(Record) error {
+		calls++
+		return stop
+	}); !errors.Is(err, stop) || calls != 1 {
+		t.Errorf("Pending with a failing fn: %v after %d calls, want %v after 1", err, calls, stop)
+	}
+}
