@@ -277,7 +277,7 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 	finished := time.Now().UTC().Truncate(time.Millisecond)
 	if recorder == ledgerOnly {
 		_, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)},
-			model.Exit{Container: "main", ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}, true)
+			model.Exit{Container: "main", ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished})
 		return intake.ExitSummary{InstanceID: id, Lines: 1, Recorded: 1}, err
 	}
 	payload, err := exitEvent(id, pod, exit, finished)
@@ -446,7 +446,7 @@ func TestE2EProviderIgnoresOtherUID(t *testing.T) {
 	}
 	id := waitRunning(t, pod)
 	if _, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: ns, Name: pod.Name, UID: "00000000-0000-4000-8000-000000000000"},
-		model.Exit{Container: "main", ExitCode: 1, FinishedAt: time.Now()}, true); err != nil {
+		model.Exit{Container: "main", ExitCode: 1, FinishedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(10 * syncPeriod)

@@ -40,10 +40,10 @@ func (l *Ledger) Get(_ context.Context, id string) (ledger.Record, bool, error) 
 	return r, ok, nil
 }
 
-func (l *Ledger) RecordExit(_ context.Context, id string, pod model.PodRef, exit model.Exit, verified bool) (ledger.Record, error) {
+func (l *Ledger) RecordExit(_ context.Context, id string, pod model.PodRef, exit model.Exit) (ledger.Record, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r, _ := ledger.WithExit(l.Recs[id], id, pod, exit, verified, l.Now())
+	r, _ := ledger.WithExit(l.Recs[id], id, pod, exit, l.Now())
 	l.Recs[id] = r
 	return r, nil
 }

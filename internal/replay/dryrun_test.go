@@ -193,8 +193,8 @@ type recordingLedger struct {
 	d *decisions
 }
 
-func (l recordingLedger) RecordExit(ctx context.Context, id string, pod model.PodRef, exit model.Exit, verified bool) (ledger.Record, error) {
-	rec, err := l.Ledger.RecordExit(ctx, id, pod, exit, verified)
+func (l recordingLedger) RecordExit(ctx context.Context, id string, pod model.PodRef, exit model.Exit) (ledger.Record, error) {
+	rec, err := l.Ledger.RecordExit(ctx, id, pod, exit)
 	if err == nil {
 		l.d.add(fmt.Sprintf("ledger exit/%d", rec.Exit.RestartCount))
 	}

@@ -12,14 +12,15 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
@@ -91,9 +92,10 @@ type Record struct {
 	UpdatedAt  time.Time `dynamodbav:"updatedAt" json:"updatedAt,omitempty"`
 	// Pending is set while the record may need work (PendingIndex).
 	Pending string `dynamodbav:"pending,omitempty" json:"pending,omitempty"`
-	// Unverified is set while Pod and Exit come from a line that could not
-	// be checked against the instance's launch tags (the lookup failed).
-	// Such a record is believed only once EC2 confirms it.
+	// Unverified is set on records older versions wrote from a line that
+	// could not be checked against the instance's launch tags (the lookup
+	// failed); they live on until their expiry. Such a record is believed
+	// only once EC2 confirms it. RecordExit clears it.
 	Unverified bool `dynamodbav:"unverified,omitempty" json:"unverified,omitempty"`
 	// Version counts the writes that can add work, so that clearing
 	// Pending never hides work recorded in between.
@@ -136,52 +138,31 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 	return rec, true, nil
 }
 
-// RecordExit stores an exit unless the ledger already holds a later one
-// (higher restart count), and returns the record as it stands afterwards.
-// Writing the same exit again is harmless, so a redelivered line costs one
-// write, like a new one.
+// RecordExit stores a checked exit (its Pod agrees with the instance's
+// launch tags) unless the ledger already holds a later one (higher restart
+// count), and returns the record as it stands afterwards. Writing the same
+// exit again is harmless, so a redelivered exit costs one write, like a new
+// one.
 //
-// verified says the line's Pod agrees with the instance's launch tags. A
-// verified exit replaces an unverified one whatever its restart count, so a
-// forged line recorded while EC2 could not be asked never shadows the real
-// exit; an unverified exit replaces a verified one only for the same Pod.
-func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit, verified bool) (Record, error) {
+// An exit that older versions recorded unverified is replaced whatever its
+// restart count: it may come from a forged line, which must never shadow
+// the real exit.
+func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit) (Record, error) {
 	now := t.now().UTC()
 	exit.ReceivedAt = now
-	exitAV, err := attributevalue.Marshal(exit)
-	if err != nil {
-		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
-	}
-	podAV, err := attributevalue.Marshal(pod)
-	if err != nil {
-		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
-	}
-	update := "SET #exit = :exit, exitRestartCount = :rc, #pod = :pod, updatedAt = :now, expiresAt = :exp, #pending = :pending"
-	condition := "attribute_not_exists(exitRestartCount) OR exitRestartCount <= :rc OR attribute_exists(#unverified)"
-	values := map[string]types.AttributeValue{
-		":exit":    exitAV,
-		":rc":      &types.AttributeValueMemberN{Value: fmt.Sprint(exit.RestartCount)},
-		":pod":     podAV,
-		":now":     timeAV(now),
-		":exp":     expiry(now),
-		":pending": pendingAV(instanceID),
-		":one":     one,
-	}
-	if verified {
-		update += " REMOVE #unverified"
-	} else {
-		update += ", #unverified = :true"
-		condition = "attribute_not_exists(exitRestartCount) OR (exitRestartCount <= :rc AND (attribute_exists(#unverified) OR #pod.#uid = :uid))"
-		values[":true"] = &types.AttributeValueMemberBOOL{Value: true}
-		values[":uid"] = &types.AttributeValueMemberS{Value: pod.UID}
-	}
-	update += " ADD #version :one"
-	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
-		UpdateExpression:          aws.String(update),
-		ConditionExpression:       aws.String(condition),
-		ExpressionAttributeNames:  names(update, condition),
-		ExpressionAttributeValues: values,
-	})
+	restartCount := expression.Name("exitRestartCount")
+	condition := expression.Or(
+		restartCount.AttributeNotExists(),
+		restartCount.LessThanEqual(expression.Value(exit.RestartCount)),
+		expression.Name("unverified").AttributeExists())
+	update := stamped(now).
+		Set(expression.Name("exit"), expression.Value(exit)).
+		Set(restartCount, expression.Value(exit.RestartCount)).
+		Set(expression.Name("pod"), expression.Value(pod)).
+		Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID))).
+		Remove(expression.Name("unverified")).
+		Add(expression.Name("version"), expression.Value(1))
+	rec, err := t.update(ctx, instanceID, expression.NewBuilder().WithUpdate(update).WithCondition(condition))
 	if err != nil {
 		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
 	}
@@ -203,39 +184,26 @@ type StateChange struct {
 // record is returned as it is, so events applied in any order end the same.
 func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.PodRef, sc StateChange) (Record, error) {
 	now := t.now().UTC()
-	set := "SET lastState = :state, lastStateAt = :at, lastStateRank = :rank, updatedAt = :now, expiresAt = :exp"
-	add := " ADD #version :one"
-	values := map[string]types.AttributeValue{
-		":state": &types.AttributeValueMemberS{Value: sc.State},
-		":at":    timeAV(sc.At),
-		":rank":  &types.AttributeValueMemberN{Value: fmt.Sprint(sc.Rank)},
-		":now":   timeAV(now),
-		":exp":   expiry(now),
-		":one":   one,
-	}
+	at, rank := expression.Value(timeAV(sc.At)), expression.Value(sc.Rank)
+	lastStateAt := expression.Name("lastStateAt")
+	condition := expression.Or(
+		lastStateAt.AttributeNotExists(),
+		lastStateAt.LessThan(at),
+		expression.And(lastStateAt.Equal(at), expression.Name("lastStateRank").LessThanEqual(rank)))
+	update := stamped(now).
+		Set(expression.Name("lastState"), expression.Value(sc.State)).
+		Set(lastStateAt, at).
+		Set(expression.Name("lastStateRank"), rank).
+		Add(expression.Name("version"), expression.Value(1))
 	if pod != (model.PodRef{}) {
-		podAV, err := attributevalue.Marshal(pod)
-		if err != nil {
-			return Record{}, err
-		}
-		set += ", #pod = if_not_exists(#pod, :pod)"
-		values[":pod"] = podAV
+		update = update.Set(expression.Name("pod"), expression.Name("pod").IfNotExists(expression.Value(pod)))
 	}
 	if sc.Gone {
-		goneAV, err := attributevalue.Marshal(model.Gone{State: sc.State, At: sc.At.UTC()})
-		if err != nil {
-			return Record{}, err
-		}
-		set += ", #gone = :gone, #pending = :pending"
-		values[":gone"], values[":pending"] = goneAV, pendingAV(instanceID)
+		update = update.
+			Set(expression.Name("gone"), expression.Value(model.Gone{State: sc.State, At: sc.At.UTC()})).
+			Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID)))
 	}
-	rec, err := t.update(ctx, instanceID, &dynamodb.UpdateItemInput{
-		UpdateExpression: aws.String(set + add),
-		ConditionExpression: aws.String("attribute_not_exists(lastStateAt) OR lastStateAt < :at OR " +
-			"(lastStateAt = :at AND lastStateRank <= :rank)"),
-		ExpressionAttributeNames:  names(set + add),
-		ExpressionAttributeValues: values,
-	})
+	rec, err := t.update(ctx, instanceID, expression.NewBuilder().WithUpdate(update).WithCondition(condition))
 	if err != nil {
 		return Record{}, fmt.Errorf("ledger record state %s: %w", instanceID, err)
 	}
@@ -262,34 +230,36 @@ type Done struct {
 // and a step done twice is still done.
 func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	now := t.now().UTC()
-	set := "SET updatedAt = :now, expiresAt = :exp"
-	values := map[string]types.AttributeValue{":now": timeAV(now), ":exp": expiry(now)}
+	update := stamped(now)
 	if d.PodSynced != "" {
-		set += ", podSynced = :synced"
-		values[":synced"] = &types.AttributeValueMemberS{Value: d.PodSynced}
+		update = update.Set(expression.Name("podSynced"), expression.Value(d.PodSynced))
 	}
 	if d.Terminated {
-		set += ", #terminated = if_not_exists(#terminated, :now)"
+		update = update.Set(expression.Name("terminated"), expression.Name("terminated").IfNotExists(expression.Value(timeAV(now))))
 	}
 	if d.Pod != (model.PodRef{}) {
-		podAV, err := attributevalue.Marshal(d.Pod)
-		if err != nil {
-			return err
-		}
-		set += ", #pod = if_not_exists(#pod, :pod)"
-		values[":pod"] = podAV
+		update = update.Set(expression.Name("pod"), expression.Name("pod").IfNotExists(expression.Value(d.Pod)))
 	}
-	in := &dynamodb.UpdateItemInput{TableName: &t.name, Key: key(instanceID), ExpressionAttributeValues: values}
-	if !d.Settled {
-		set += ", #pending = :pending"
-		values[":pending"] = pendingAV(instanceID)
+	builder := expression.NewBuilder()
+	if d.Settled {
+		version := expression.Name("version")
+		builder = builder.WithCondition(expression.Or(version.AttributeNotExists(), version.Equal(expression.Value(d.Version))))
+		update = update.Remove(expression.Name(PendingAttribute))
 	} else {
-		in.ConditionExpression = aws.String("attribute_not_exists(#version) OR #version = :version")
-		values[":version"] = &types.AttributeValueMemberN{Value: fmt.Sprint(d.Version)}
-		set += " REMOVE #pending"
+		update = update.Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID)))
 	}
-	in.UpdateExpression, in.ExpressionAttributeNames = &set, names(set, aws.ToString(in.ConditionExpression))
-	_, err := t.client.UpdateItem(ctx, in)
+	expr, err := builder.WithUpdate(update).Build()
+	if err != nil {
+		return fmt.Errorf("ledger mark done %s: %w", instanceID, err)
+	}
+	_, err = t.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 &t.name,
+		Key:                       key(instanceID),
+		UpdateExpression:          expr.Update(),
+		ConditionExpression:       expr.Condition(),
+		ExpressionAttributeNames:  expr.Names(),
+		ExpressionAttributeValues: expr.Values(),
+	})
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
 		// Work was recorded since the read: mark the steps, stay pending.
@@ -356,12 +326,16 @@ func (t *Table) Pending(ctx context.Context, fn func(Record) error) error {
 
 // pendingShard sends the pages of one shard of the pending index to pages.
 func (t *Table) pendingShard(ctx context.Context, shard string, pages chan<- []map[string]types.AttributeValue) error {
+	expr, err := expression.NewBuilder().WithKeyCondition(expression.Key(PendingAttribute).Equal(expression.Value(shard))).Build()
+	if err != nil {
+		return fmt.Errorf("ledger pending, shard %s: %w", shard, err)
+	}
 	p := dynamodb.NewQueryPaginator(t.client, &dynamodb.QueryInput{
 		TableName:                 &t.name,
 		IndexName:                 aws.String(PendingIndex),
-		KeyConditionExpression:    aws.String("#pending = :pending"),
-		ExpressionAttributeNames:  names("#pending"),
-		ExpressionAttributeValues: map[string]types.AttributeValue{":pending": &types.AttributeValueMemberS{Value: shard}},
+		KeyConditionExpression:    expr.KeyCondition(),
+		ExpressionAttributeNames:  expr.Names(),
+		ExpressionAttributeValues: expr.Values(),
 	})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
@@ -380,8 +354,20 @@ func (t *Table) pendingShard(ctx context.Context, shard string, pages chan<- []m
 // batchGetLimit is BatchGetItem's limit of keys per call.
 const batchGetLimit = 100
 
+// BatchGetItem returns the keys a partition had no read capacity left for
+// as UnprocessedKeys, in a successful answer the SDK's retryer does not
+// see. Asking again at once meets the same limit, so GetMany waits first,
+// as the DynamoDB docs advise: unprocessedFirstWait, doubling up to
+// unprocessedMaxWait, each wait jittered so that readers refused together
+// do not come back together.
+const (
+	unprocessedFirstWait = 50 * time.Millisecond
+	unprocessedMaxWait   = time.Second
+)
+
 // GetMany returns the records of the instances that have one (strongly
-// consistent reads, 100 keys a call).
+// consistent reads, 100 keys a call). Keys left unprocessed are asked for
+// again after a backoff, for as long as ctx allows.
 func (t *Table) GetMany(ctx context.Context, ids []string) (map[string]Record, error) {
 	out := make(map[string]Record, len(ids))
 	for chunk := range slices.Chunk(ids, batchGetLimit) {
@@ -390,7 +376,8 @@ func (t *Table) GetMany(ctx context.Context, ids []string) (map[string]Record, e
 			keys[i] = key(id)
 		}
 		request := map[string]types.KeysAndAttributes{t.name: {Keys: keys, ConsistentRead: aws.Bool(true)}}
-		for len(request) > 0 {
+		wait := unprocessedFirstWait
+		for {
 			res, err := t.client.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: request})
 			if err != nil {
 				return nil, fmt.Errorf("ledger get many: %w", err)
@@ -402,22 +389,48 @@ func (t *Table) GetMany(ctx context.Context, ids []string) (map[string]Record, e
 				}
 				out[rec.InstanceID] = rec
 			}
-			// Unprocessed keys come back under load; the SDK's retryer has
-			// already backed off for the call, so ask again.
 			request = res.UnprocessedKeys
+			if len(request) == 0 {
+				break
+			}
+			if err := sleep(ctx, wait/2+rand.N(wait/2)); err != nil {
+				return nil, fmt.Errorf("ledger get many: %d keys unprocessed: %w", len(request[t.name].Keys), err)
+			}
+			wait = min(2*wait, unprocessedMaxWait)
 		}
 	}
 	return out, nil
 }
 
+// sleep waits for d, or until ctx ends and returns its cause.
+func sleep(ctx context.Context, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
 // update applies a conditional write and returns the record as it stands
 // after it. A failed condition means the ledger already knows something
 // newer: the write is history, and the record is read as it is.
-func (t *Table) update(ctx context.Context, instanceID string, in *dynamodb.UpdateItemInput) (Record, error) {
-	in.TableName = &t.name
-	in.Key = key(instanceID)
-	in.ReturnValues = types.ReturnValueAllNew
-	out, err := t.client.UpdateItem(ctx, in)
+func (t *Table) update(ctx context.Context, instanceID string, builder expression.Builder) (Record, error) {
+	expr, err := builder.Build()
+	if err != nil {
+		return Record{}, err
+	}
+	out, err := t.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 &t.name,
+		Key:                       key(instanceID),
+		UpdateExpression:          expr.Update(),
+		ConditionExpression:       expr.Condition(),
+		ExpressionAttributeNames:  expr.Names(),
+		ExpressionAttributeValues: expr.Values(),
+		ReturnValues:              types.ReturnValueAllNew,
+	})
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
 		rec, _, err := t.Get(ctx, instanceID)
@@ -433,31 +446,11 @@ func (t *Table) update(ctx context.Context, instanceID string, in *dynamodb.Upda
 	return rec, nil
 }
 
-// aliased are attribute names DynamoDB reserves as keywords; expressions
-// refer to them as #name.
-var aliased = []string{"exit", "pod", "uid", "gone", "terminated", "pending", "version", "unverified"}
-
-// names returns the #name aliases an expression uses, or nil: DynamoDB
-// rejects aliases an expression does not use.
-func names(expressions ...string) map[string]string {
-	var out map[string]string
-	for _, n := range aliased {
-		for _, e := range expressions {
-			if strings.Contains(e, "#"+n) {
-				if out == nil {
-					out = map[string]string{}
-				}
-				out["#"+n] = n
-			}
-		}
-	}
-	return out
-}
-
-var one = &types.AttributeValueMemberN{Value: "1"}
-
-func pendingAV(instanceID string) types.AttributeValue {
-	return &types.AttributeValueMemberS{Value: pendingValue(instanceID)}
+// stamped is the start of every write's update: the time of the write and
+// the expiry it moves out.
+func stamped(now time.Time) expression.UpdateBuilder {
+	return expression.Set(expression.Name("updatedAt"), expression.Value(timeAV(now))).
+		Set(expression.Name(TTLAttribute), expression.Value(expiry(now)))
 }
 
 func key(instanceID string) map[string]types.AttributeValue {

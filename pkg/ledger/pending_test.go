@@ -11,7 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
@@ -20,22 +19,14 @@ import (
 // wrote with the single value "1", and no settled one.
 func TestPendingShards(t *testing.T) {
 	ctx := t.Context()
-	stack, err := localstack.Start(ctx, localstack.Options{Parts: localstack.Dynamo})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stack.Stop)
-	db := dynamodb.NewFromConfig(stack.AWSConfig(ctx))
-	if err := CreateTable(ctx, db, "pending"); err != nil {
-		t.Fatal(err)
-	}
-	table := New(db, "pending")
+	table := startTable(t, "pending")
+	db := table.client
 
 	pod := model.PodRef{Namespace: "jobs", Name: "train", UID: "00000000-0000-0000-0000-00000000000a"}
 	want := map[string]bool{}
 	for n := range 200 {
 		id := fmt.Sprintf("i-%017x", n+1)
-		rec, err := table.RecordExit(ctx, id, pod, model.Exit{Container: "main"}, true)
+		rec, err := table.RecordExit(ctx, id, pod, model.Exit{Container: "main"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,23 +13,18 @@ import (
 // read first; ReadOnly (a dry run) and the tests' in-memory ledger apply
 // them here. TestRulesMatchTable holds both forms to the same answers.
 
-// WithExit is rec after RecordExit(id, pod, exit, verified) at now, and
-// whether the write applies (false: rec is returned as it was).
-func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, verified bool, now time.Time) (Record, bool) {
-	if rc := rec.ExitRestartCount; rc != nil {
-		later := *rc > exit.RestartCount
-		if verified && later && !rec.Unverified {
-			return rec, false
-		}
-		if !verified && (later || (!rec.Unverified && rec.Pod.UID != pod.UID)) {
-			return rec, false
-		}
+// WithExit is rec after RecordExit(id, pod, exit) at now, and whether the
+// write applies (false: rec is returned as it was). A later exit wins,
+// unless it is one an older version recorded unverified.
+func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time.Time) (Record, bool) {
+	if rc := rec.ExitRestartCount; rc != nil && *rc > exit.RestartCount && !rec.Unverified {
+		return rec, false
 	}
 	now = now.UTC()
 	exit.ReceivedAt = now
 	rc := exit.RestartCount
 	rec.InstanceID, rec.Pod, rec.Exit, rec.ExitRestartCount = id, pod, &exit, &rc
-	rec.Unverified = !verified
+	rec.Unverified = false
 	rec.Pending = pendingValue(id)
 	touch(&rec, now)
 	rec.Version++
@@ -89,12 +84,12 @@ type ReadOnly struct {
 }
 
 // RecordExit returns the record as RecordExit would leave it.
-func (t ReadOnly) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit, verified bool) (Record, error) {
+func (t ReadOnly) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit) (Record, error) {
 	rec, _, err := t.Get(ctx, instanceID)
 	if err != nil {
 		return Record{}, err
 	}
-	rec, _ = WithExit(rec, instanceID, pod, exit, verified, t.now())
+	rec, _ = WithExit(rec, instanceID, pod, exit, t.now())
 	return rec, nil
 }
 

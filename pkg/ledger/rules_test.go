@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/model"
@@ -19,16 +22,7 @@ import (
 // two records must be the same, field for field.
 func TestRulesMatchTable(t *testing.T) {
 	ctx := t.Context()
-	stack, err := localstack.Start(ctx, localstack.Options{Parts: localstack.Dynamo})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stack.Stop)
-	db := dynamodb.NewFromConfig(stack.AWSConfig(ctx))
-	if err := CreateTable(ctx, db, "rules"); err != nil {
-		t.Fatal(err)
-	}
-	table := New(db, "rules")
+	table := startTable(t, "rules")
 	clock := time.Date(2026, 12, 1, 12, 0, 0, 123456789, time.UTC)
 	table.now = func() time.Time { return clock }
 
@@ -42,6 +36,12 @@ func TestRulesMatchTable(t *testing.T) {
 	for n := range 120 {
 		id := fmt.Sprintf("i-%017x", n+1)
 		var want Record
+		// Every fourth record starts as an older version left it: an exit
+		// recorded unverified, often with a restart count above any the
+		// sequence writes.
+		if n%4 == 0 {
+			want = putUnverified(t, table, id, pods[rng.IntN(len(pods))], int32(rng.IntN(5)))
+		}
 		for step := range 8 {
 			clock = clock.Add(time.Second)
 			var (
@@ -55,10 +55,12 @@ func TestRulesMatchTable(t *testing.T) {
 				pod := pods[rng.IntN(len(pods))]
 				exit := model.Exit{Container: "main", ExitCode: rng.IntN(2), RestartCount: int32(rng.IntN(3)), WillRestart: rng.IntN(3) == 0,
 					FinishedAt: clock.Add(-time.Minute)}
-				verified := rng.IntN(2) == 0
-				op = fmt.Sprintf("exit %s rc=%d verified=%v", pod.UID[len(pod.UID)-1:], exit.RestartCount, verified)
-				got, werr = table.RecordExit(ctx, id, pod, exit, verified)
-				want, ok = WithExit(want, id, pod, exit, verified, clock)
+				op = fmt.Sprintf("exit %s rc=%d", pod.UID[len(pod.UID)-1:], exit.RestartCount)
+				if want.Unverified && *want.ExitRestartCount > exit.RestartCount {
+					op += " over a later unverified exit"
+				}
+				got, werr = table.RecordExit(ctx, id, pod, exit)
+				want, ok = WithExit(want, id, pod, exit, clock)
 			case 1:
 				state := states[rng.IntN(len(states))]
 				// Few distinct times, so that equal times (ordered by
@@ -91,15 +93,120 @@ func TestRulesMatchTable(t *testing.T) {
 				t.Fatalf("%s step %d %s: the table and the rules disagree\ntable %s\nrules %s", id, step, op, g, w)
 			}
 			applied[fmt.Sprint(op[:4], " ", ok)]++
+			if strings.HasSuffix(op, "unverified exit") {
+				applied[fmt.Sprint("exit over unverified ", ok)]++
+			}
 		}
 	}
 	// Every kind of write both applied and not, or the comparison proved
 	// little.
-	for _, k := range []string{"exit true", "exit false", "stat true", "stat false", "done true"} {
+	for _, k := range []string{"exit true", "exit false", "exit over unverified true", "stat true", "stat false", "done true"} {
 		if applied[k] < 5 {
 			t.Errorf("only %d writes of kind %q: %v", applied[k], k, applied)
 		}
 	}
+}
+
+// A checked exit replaces one an older version recorded unverified, even
+// one with a higher restart count, and clears the mark; a checked exit with
+// a higher restart count stays. The table and the rules agree on each.
+func TestCheckedExitReplacesUnverified(t *testing.T) {
+	ctx := t.Context()
+	table := startTable(t, "unverified")
+	podA := model.PodRef{Namespace: "jobs", Name: "train", UID: "00000000-0000-0000-0000-00000000000a"}
+	podB := model.PodRef{Namespace: "jobs", Name: "train", UID: "00000000-0000-0000-0000-00000000000b"}
+	checked := model.Exit{Container: "main", ExitCode: 0, RestartCount: 0}
+
+	for _, tc := range []struct {
+		name       string
+		unverified bool
+		wantPod    model.PodRef
+	}{
+		{name: "unverified", unverified: true, wantPod: podB},
+		{name: "checked", unverified: false, wantPod: podA},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "i-" + tc.name
+			// Pod A's exit at restart count 3, then Pod B's at 0.
+			var before Record
+			if tc.unverified {
+				before = putUnverified(t, table, id, podA, 3)
+			} else {
+				var err error
+				if before, err = table.RecordExit(ctx, id, podA, model.Exit{Container: "main", ExitCode: 1, RestartCount: 3}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := table.RecordExit(ctx, id, podB, checked)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rules, applied := WithExit(before, id, podB, checked, table.now())
+			for form, rec := range map[string]Record{"table": got, "rules": rules} {
+				if rec.Pod != tc.wantPod || rec.Unverified {
+					t.Errorf("%s: pod %s, unverified %v; want pod %s, not unverified", form, rec.Pod.UID, rec.Unverified, tc.wantPod.UID)
+				}
+				if wantRC := map[bool]int32{true: 0, false: 3}[tc.unverified]; rec.ExitRestartCount == nil || *rec.ExitRestartCount != wantRC {
+					t.Errorf("%s: exit restart count %v, want %d", form, rec.ExitRestartCount, wantRC)
+				}
+			}
+			if applied != tc.unverified {
+				t.Errorf("rules: applied %v, want %v", applied, tc.unverified)
+			}
+		})
+	}
+}
+
+// startTable starts dynalite and creates the named ledger table in it.
+func startTable(t *testing.T, name string) *Table {
+	t.Helper()
+	ctx := t.Context()
+	stack, err := localstack.Start(ctx, localstack.Options{Parts: localstack.Dynamo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stack.Stop)
+	db := dynamodb.NewFromConfig(stack.AWSConfig(ctx))
+	if err := CreateTable(ctx, db, name); err != nil {
+		t.Fatal(err)
+	}
+	return New(db, name)
+}
+
+// putUnverified writes the record an older version left for an exit it
+// could not check (on the pending index's single key "1"), and returns it
+// as the table reads it back.
+func putUnverified(t *testing.T, table *Table, id string, pod model.PodRef, restartCount int32) Record {
+	t.Helper()
+	now := table.now().UTC()
+	exit := model.Exit{Container: "main", ExitCode: 1, RestartCount: restartCount, FinishedAt: now.Add(-time.Minute), ReceivedAt: now}
+	exitAV, err := attributevalue.Marshal(exit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	podAV, err := attributevalue.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	item := map[string]types.AttributeValue{
+		KeyAttribute:       &types.AttributeValueMemberS{Value: id},
+		"exit":             exitAV,
+		"exitRestartCount": &types.AttributeValueMemberN{Value: fmt.Sprint(restartCount)},
+		"pod":              podAV,
+		"updatedAt":        timeAV(now),
+		TTLAttribute:       expiry(now),
+		PendingAttribute:   &types.AttributeValueMemberS{Value: "1"},
+		"unverified":       &types.AttributeValueMemberBOOL{Value: true},
+		"version":          &types.AttributeValueMemberN{Value: "1"},
+	}
+	if _, err := table.client.PutItem(t.Context(), &dynamodb.PutItemInput{TableName: &table.name, Item: item}); err != nil {
+		t.Fatal(err)
+	}
+	rec, ok, err := table.Get(t.Context(), id)
+	if err != nil || !ok || !rec.Unverified {
+		t.Fatalf("%s: read back %+v, %v, %v", id, rec, ok, err)
+	}
+	return rec
 }
 
 func encode(t *testing.T, r Record) string {

@@ -18,7 +18,7 @@ import (
 // Ledger is the instance ledger (package ledger).
 type Ledger interface {
 	Get(ctx context.Context, instanceID string) (ledger.Record, bool, error)
-	RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit, verified bool) (ledger.Record, error)
+	RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit) (ledger.Record, error)
 	RecordState(ctx context.Context, instanceID string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, error)
 	MarkDone(ctx context.Context, instanceID string, d ledger.Done) error
 	Pending(ctx context.Context, fn func(ledger.Record) error) error

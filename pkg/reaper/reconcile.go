@@ -352,7 +352,7 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 				}
 				continue
 			}
-			next, err := r.Ledger.RecordExit(ctx, id, *it.Pod, *it.Exit, true)
+			next, err := r.Ledger.RecordExit(ctx, id, *it.Pod, *it.Exit)
 			if err != nil {
 				return nil, fmt.Errorf("record exit of %s: %w", id, err)
 			}
