@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -8,34 +9,30 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
 // throttleExits Pods end while the account's other tools hold EC2's
-// TerminateInstances buckets empty for throttleHold; the reconciler runs
-// with a throttleTimeout function timeout, so that refused terminations
-// meet its deadline, and the queue's visibility timeout is 6 × that, as
-// the construct deploys it.
+// TerminateInstances buckets empty for throttleHold.
 const (
-	throttleExits   = 200
-	throttleHold    = 60 * time.Second
-	throttleTimeout = 20 * time.Second
+	throttleExits = 200
+	throttleHold  = 60 * time.Second
 )
 
 // The account's other tools hold the Terminate buckets empty for a minute
 // while 200 Pods end: every TerminateInstances is refused until then.
-// Reaper writes every Pod, defers the terminations it is refused instead of
-// failing them, and terminates every instance after the hold, once each;
-// nothing fails with the SDK's "retry quota exceeded", and no work is
-// dead-lettered.
+// Reaper, with the deployed function and queue visibility timeouts, writes
+// every Pod, defers the terminations EC2 refused instead of failing them,
+// and terminates every instance after the hold, once each; nothing fails
+// with the SDK's "retry quota exceeded", and no work is dead-lettered.
+// Refused work waits reaper.DeferDelay before it is tried again, so each
+// instance meets the hold in at most hold/DeferDelay + 1 operations,
+// however many attempts the SDK makes in each.
 func TestTerminateBucketHeldEmpty(t *testing.T) {
 	// Not parallel: it holds the shared EC2 test server's buckets empty.
 	ctx := t.Context()
 	b, err := NewBurst(ctx, lab.Stack, "reaper-throttle-ledger", lab.Bootstraps, BurstOptions{
 		Exits: throttleExits, Scale: burstScale,
-		Lab: LabOptions{
-			Env:             []string{"AWS_LAMBDA_FUNCTION_TIMEOUT=" + strings.TrimSuffix(throttleTimeout.String(), "s")},
-			QueueVisibility: 6 * throttleTimeout,
-		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -81,6 +78,13 @@ func TestTerminateBucketHeldEmpty(t *testing.T) {
 			t.Errorf("instance %s terminated at %s, during the hold", p.InstanceID, p.ShuttingDown.Format(time.StampMilli))
 		}
 	}
+	refused := refusedOperations(b)
+	maxRefused := int(throttleHold/reaper.DeferDelay) + 1
+	for id, n := range refused {
+		if n > maxRefused {
+			t.Errorf("instance %s named in %d refused TerminateInstances operations, want at most %d", id, n, maxRefused)
+		}
+	}
 	var deferred, failed int
 	for _, c := range res.Batches {
 		deferred += c.Deferred
@@ -94,6 +98,37 @@ func TestTerminateBucketHeldEmpty(t *testing.T) {
 	}
 	all, _ := res.AllShuttingDown()
 	t.Logf("%d exits, Terminate held empty %v: all shutting down %v after the first delivery; EC2 %v, refused %v, SDK retries %v; "+
-		"%d invocations, batch sizes %v; deferred %d", throttleExits, throttleHold, all, res.EC2, res.Refused, res.Retried,
-		res.Invocations, res.BatchSizes, deferred)
+		"%d invocations, batch sizes %v; deferred %d; refused operations per instance %v", throttleExits, throttleHold, all, res.EC2, res.Refused, res.Retried,
+		res.Invocations, res.BatchSizes, deferred, histogram(refused))
+}
+
+// refusedOperations counts, per instance, the TerminateInstances
+// operations naming it that EC2 refused at least once: the SDK's retries
+// of an operation (one invocation id) are one operation.
+func refusedOperations(b *Burst) map[string]int {
+	b.ec2.mu.Lock()
+	defer b.ec2.mu.Unlock()
+	seen := map[[2]string]bool{}
+	out := map[string]int{}
+	for _, op := range b.ec2.ops {
+		if op.action != "TerminateInstances" || op.status != http.StatusServiceUnavailable {
+			continue
+		}
+		for _, id := range op.instances {
+			if k := [2]string{op.invocation, id}; !seen[k] {
+				seen[k] = true
+				out[id]++
+			}
+		}
+	}
+	return out
+}
+
+// histogram is how many instances have each count.
+func histogram(counts map[string]int) map[int]int {
+	out := map[int]int{}
+	for _, n := range counts {
+		out[n]++
+	}
+	return out
 }
