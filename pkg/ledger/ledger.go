@@ -252,14 +252,7 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	if err != nil {
 		return fmt.Errorf("ledger mark done %s: %w", instanceID, err)
 	}
-	_, err = t.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                 &t.name,
-		Key:                       key(instanceID),
-		UpdateExpression:          expr.Update(),
-		ConditionExpression:       expr.Condition(),
-		ExpressionAttributeNames:  expr.Names(),
-		ExpressionAttributeValues: expr.Values(),
-	})
+	_, err = t.client.UpdateItem(ctx, t.updateInput(instanceID, expr))
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
 		// Work was recorded since the read: mark the steps, stay pending.
@@ -414,6 +407,18 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// updateInput is the conditional update of instanceID's item expr states.
+func (t *Table) updateInput(instanceID string, expr expression.Expression) *dynamodb.UpdateItemInput {
+	return &dynamodb.UpdateItemInput{
+		TableName:                 &t.name,
+		Key:                       key(instanceID),
+		UpdateExpression:          expr.Update(),
+		ConditionExpression:       expr.Condition(),
+		ExpressionAttributeNames:  expr.Names(),
+		ExpressionAttributeValues: expr.Values(),
+	}
+}
+
 // update applies a conditional write and returns the record as it stands
 // after it. A failed condition means the ledger already knows something
 // newer: the write is history, and the record is read as it is.
@@ -422,15 +427,9 @@ func (t *Table) update(ctx context.Context, instanceID string, builder expressio
 	if err != nil {
 		return Record{}, err
 	}
-	out, err := t.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                 &t.name,
-		Key:                       key(instanceID),
-		UpdateExpression:          expr.Update(),
-		ConditionExpression:       expr.Condition(),
-		ExpressionAttributeNames:  expr.Names(),
-		ExpressionAttributeValues: expr.Values(),
-		ReturnValues:              types.ReturnValueAllNew,
-	})
+	in := t.updateInput(instanceID, expr)
+	in.ReturnValues = types.ReturnValueAllNew
+	out, err := t.client.UpdateItem(ctx, in)
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
 		rec, _, err := t.Get(ctx, instanceID)
