@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
@@ -98,7 +99,7 @@ func Start(target *rest.Config) (*Proxy, error) {
 	}
 	// Each call is noted before its answer goes out, so that a client that
 	// has its answer finds its call in Calls.
-	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		call := classify(r)
 		call.Time = time.Now()
 		if d := time.Duration(p.delay.Load()); d > 0 {
@@ -129,26 +130,34 @@ func Start(target *rest.Config) (*Proxy, error) {
 type callKey struct{}
 
 // Config returns user's configuration (its credentials) sent through the
-// proxy: plain HTTP to the proxy, which forwards over TLS.
+// proxy, over TLS to the proxy's own certificate; the proxy forwards over
+// TLS to the apiserver.
 func (p *Proxy) Config(user *rest.Config) *rest.Config {
 	c := rest.CopyConfig(user)
 	c.Host = p.srv.URL
-	c.TLSClientConfig = rest.TLSClientConfig{}
+	c.TLSClientConfig = rest.TLSClientConfig{CAData: p.caPEM()}
 	return c
 }
 
 // WriteKubeconfig writes to path a kubeconfig for user's bearer token
 // through the proxy, for clients in other processes (Reaper's functions).
+// The proxy serves TLS because client-go takes a kubeconfig's credentials
+// only for a TLS server: over plain HTTP its requests would be anonymous.
 func (p *Proxy) WriteKubeconfig(path string, user *rest.Config) error {
 	if user.BearerToken == "" {
 		return fmt.Errorf("kubeproxy: kubeconfig for %s: only bearer token users can be written", user.Host)
 	}
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["proxy"] = &clientcmdapi.Cluster{Server: p.srv.URL}
+	cfg.Clusters["proxy"] = &clientcmdapi.Cluster{Server: p.srv.URL, CertificateAuthorityData: p.caPEM()}
 	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{Token: user.BearerToken}
 	cfg.Contexts["proxy"] = &clientcmdapi.Context{Cluster: "proxy", AuthInfo: "user", Namespace: "default"}
 	cfg.CurrentContext = "proxy"
 	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// caPEM is the proxy's certificate, which clients trust.
+func (p *Proxy) caPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.srv.Certificate().Raw})
 }
 
 // SetDelay makes every request from now on wait d before it is forwarded

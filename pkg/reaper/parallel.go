@@ -121,10 +121,12 @@ func (p phases) settleContext(ctx context.Context) (context.Context, context.Can
 	return withDeadline(context.WithoutCancel(ctx), p.settle)
 }
 
-// outOfTime says whether err ended work because ctx's deadline came (the
-// call in flight was cut short): the work is for later, not failed.
+// outOfTime marks err as errNoTime when ctx, the step's context, is done:
+// whatever the call in flight answered (the context's error, or a client's
+// own, such as a rate limiter that would wait past the deadline), it was
+// cut short, and the work is for later, not failed.
 func outOfTime(ctx context.Context, err error) error {
-	if err != nil && ctx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
+	if err != nil && ctx.Err() != nil {
 		return errors.Join(errNoTime, err)
 	}
 	return err

@@ -178,14 +178,25 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 			markErr = outOfTime(settleCtx, r.Ledger.MarkDone(settleCtx, rep.InstanceID, done))
 		}
 		r.recordSteps(w.view, rep)
-		r.Log.LogAttrs(ctx, logLevel(w.podErr, w.termErr, markErr), "reconciled",
+		errs[i] = errors.Join(w.podErr, w.termErr, markErr)
+		attrs := []slog.Attr{
 			slog.String("instance", rep.InstanceID),
 			slog.String("pod", w.view.Pod.String()),
 			slog.String("outcome", outcomeKey(rep.Plan.Pod)),
 			slog.String("podResult", string(rep.PodResult)),
 			slog.String("terminateResult", string(rep.TerminateResult)),
-		)
-		errs[i] = errors.Join(w.podErr, w.termErr, markErr)
+		}
+		level := slog.LevelInfo
+		switch {
+		case errs[i] == nil:
+		case forLater(errs[i]):
+			// Deferred, not failed: the work comes back.
+			attrs = append(attrs, slog.String("deferred", errs[i].Error()))
+		default:
+			level = slog.LevelError
+			attrs = append(attrs, slog.String("error", errs[i].Error()))
+		}
+		r.Log.LogAttrs(ctx, level, "reconciled", attrs...)
 		return nil
 	})
 	return reps, errs
