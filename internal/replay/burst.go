@@ -13,6 +13,8 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -26,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/reaper-k8s/reaper/internal/esm"
+	"github.com/reaper-k8s/reaper/internal/kubeproxy"
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/intake"
@@ -51,6 +54,9 @@ type BurstOptions struct {
 	// Share is the part of the buckets the reconcilers take together
 	// (REAPER_EC2_SHARE; default 0.5, the function's default).
 	Share float64
+	// Limits are the buckets the reconcilers pace themselves at
+	// (REAPER_EC2_LIMITS; default ScaledLimits(Scale)).
+	Limits string
 	// StateChanges also delivers, for each instance terminated, the
 	// shutting-down and terminated events EventBridge sends.
 	StateChanges bool
@@ -74,6 +80,9 @@ func (o BurstOptions) withDefaults() BurstOptions {
 	if o.Share == 0 {
 		o.Share = 0.5
 	}
+	if o.Limits == "" {
+		o.Limits = ScaledLimits(o.Scale)
+	}
 	if o.Lab.BatchingWindow == 0 {
 		o.Lab.BatchingWindow = time.Second
 	}
@@ -92,6 +101,10 @@ type Burst struct {
 	// dynamo counts the functions' DynamoDB requests: no counter can be put
 	// inside the emulated processes, so their endpoint is a proxy.
 	dynamo *OperationCounter
+	// Kube is the functions' way to the apiserver: it counts their
+	// requests, and a test can slow it down or make it fail.
+	Kube    *kubeproxy.Proxy
+	kubeDir string
 	// ec2 notes the functions' EC2 requests by SDK operation.
 	ec2 *ec2Recorder
 	// exitSenders and stateSenders deliver payloads, one invocation at a
@@ -125,15 +138,20 @@ func NewBurst(ctx context.Context, stack *localstack.Stack, table string, bootst
 		return nil, err
 	}
 	b := &Burst{opts: opts, dynamo: dynamo, ec2: newEC2Recorder(stack.EC2.URL())}
+	kubeconfig, err := b.startKubeProxy(stack)
+	if err != nil {
+		b.Stop()
+		return nil, err
+	}
 	labOpts := opts.Lab
 	labOpts.Env = append(slices.Clone(labOpts.Env),
+		"KUBECONFIG="+kubeconfig,
 		"AWS_ENDPOINT_URL_DYNAMODB="+dynamo.URL(),
 		"AWS_ENDPOINT_URL_EC2="+b.ec2.srv.URL,
-		"REAPER_EC2_LIMITS="+ScaledLimits(opts.Scale),
+		"REAPER_EC2_LIMITS="+opts.Limits,
 		fmt.Sprintf("REAPER_EC2_SHARE=%g", opts.Share))
 	if b.Lab, err = NewLabWith(ctx, stack, table, bins, labOpts); err != nil {
-		dynamo.Close()
-		b.ec2.srv.Close()
+		b.Stop()
 		return nil, err
 	}
 	start := func(name string) ([]*localstack.Function, error) {
@@ -158,6 +176,23 @@ func NewBurst(ctx context.Context, stack *localstack.Stack, table string, bootst
 	return b, nil
 }
 
+// startKubeProxy starts the proxy the functions reach the apiserver
+// through, with the identity the lab's functions have (the stack's
+// administrator), and returns the path of their kubeconfig.
+func (b *Burst) startKubeProxy(stack *localstack.Stack) (string, error) {
+	var err error
+	if b.Kube, err = kubeproxy.Start(stack.RESTConfig()); err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", "reaper-burst-")
+	if err != nil {
+		return "", err
+	}
+	b.kubeDir = dir
+	path := filepath.Join(dir, "kubeconfig")
+	return path, b.Kube.WriteKubeconfig(path, stack.RESTConfig())
+}
+
 // ScaledLimits is REAPER_EC2_LIMITS for EC2's published buckets with their
 // refill rates multiplied by scale, as EnableBuckets scales the test
 // server's.
@@ -178,6 +213,10 @@ func (b *Burst) Stop() {
 	}
 	if b.Lab != nil {
 		b.Lab.Stop()
+	}
+	if b.Kube != nil {
+		b.Kube.Close()
+		os.RemoveAll(b.kubeDir)
 	}
 	b.dynamo.Close()
 	b.ec2.srv.Close()
@@ -228,10 +267,8 @@ type BurstResult struct {
 	// Refused those its buckets refused. Retried counts the requests that
 	// were SDK retries of an operation already sent.
 	EC2, Refused, Retried map[string]int
-	// Kube counts apiserver requests by "VERB resource[/subresource]"
-	// (apiserver_request_total, which counts every client of the
-	// apiserver: the reconcilers', the apiserver's own, this process's
-	// watch of the Pods).
+	// Kube counts the functions' apiserver requests by "VERB
+	// resource[/subresource]", through Burst.Kube.
 	Kube map[string]int
 	// Dynamo counts the functions' DynamoDB requests by operation.
 	Dynamo map[string]int
@@ -315,10 +352,7 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 		return nil, err
 	}
 	ec2Before, sqsBefore := len(stack.EC2.Calls()), len(stack.SQS.Calls())
-	kubeBefore, err := KubeRequests(ctx, stack)
-	if err != nil {
-		return nil, err
-	}
+	b.Kube.Calls.Reset()
 	b.dynamo.Reset()
 	b.ec2.reset()
 	stats := b.Lab.Mapping.Stats()
@@ -353,7 +387,7 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 	stopBar()
 	stopWatch()
 
-	b.collect(ctx, res, byInstance, terminal, ec2Before, sqsBefore, kubeBefore, stats, logsBefore, &errs)
+	b.collect(ctx, res, byInstance, terminal, ec2Before, sqsBefore, stats, logsBefore, &errs)
 	return res, errors.Join(errs...)
 }
 
@@ -718,7 +752,7 @@ func (w *terminalWatch) wait(ctx context.Context, n int, patience time.Duration)
 
 // collect fills in what the counters saw from the given starting points.
 func (b *Burst) collect(ctx context.Context, res *BurstResult, byInstance map[string]int, terminal *terminalWatch,
-	ec2Before, sqsBefore int, kubeBefore map[string]int, stats0 esm.Stats, logsBefore []int, errs *[]error) {
+	ec2Before, sqsBefore int, stats0 esm.Stats, logsBefore []int, errs *[]error) {
 	stack := b.Lab.Stack
 	terminal.mu.Lock()
 	for i := range res.Pods {
@@ -754,13 +788,9 @@ func (b *Burst) collect(ctx context.Context, res *BurstResult, byInstance map[st
 		res.DeadLettered = d.Visible + d.InFlight
 	}
 
-	kubeAfter, err := KubeRequests(ctx, stack)
-	*errs = append(*errs, err)
 	res.Kube = map[string]int{}
-	for k, v := range kubeAfter {
-		if d := v - kubeBefore[k]; d > 0 {
-			res.Kube[k] = d
-		}
+	for _, c := range b.Kube.Calls.Calls() {
+		res.Kube[c.Action]++
 	}
 	res.Dynamo = b.dynamo.Counts()
 
