@@ -26,6 +26,8 @@ type Ledger struct {
 	mu   sync.Mutex
 	Recs map[string]ledger.Record
 	Now  func() time.Time
+	// Writes counts the writes made to it.
+	Writes int
 }
 
 // NewLedger is an empty ledger whose writes happen at now.
@@ -43,6 +45,7 @@ func (l *Ledger) Get(_ context.Context, id string) (ledger.Record, bool, error) 
 func (l *Ledger) RecordExit(_ context.Context, id string, pod model.PodRef, exit model.Exit) (ledger.Record, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.Writes++
 	r, _ := ledger.WithExit(l.Recs[id], id, pod, exit, l.Now())
 	l.Recs[id] = r
 	return r, nil
@@ -51,6 +54,7 @@ func (l *Ledger) RecordExit(_ context.Context, id string, pod model.PodRef, exit
 func (l *Ledger) RecordState(_ context.Context, id string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.Writes++
 	r, _ := ledger.WithState(l.Recs[id], id, pod, sc, l.Now())
 	l.Recs[id] = r
 	return r, nil
@@ -59,6 +63,7 @@ func (l *Ledger) RecordState(_ context.Context, id string, pod model.PodRef, sc 
 func (l *Ledger) MarkDone(_ context.Context, id string, d ledger.Done) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.Writes++
 	l.Recs[id] = ledger.WithDone(l.Recs[id], id, d, l.Now())
 	return nil
 }

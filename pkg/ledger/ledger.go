@@ -177,6 +177,12 @@ type StateChange struct {
 	Rank int
 	// Gone marks states in which the instance no longer runs its Pod.
 	Gone bool
+	// AddsNoWork says the writer read the record off the pending index and
+	// found that this state leaves nothing to do (the exit terminal, its
+	// Pod written, the instance terminated): a gone state then keeps the
+	// record off the index, which saves the write that would take it off
+	// again. A write that does add work always sets the index itself.
+	AddsNoWork bool
 }
 
 // RecordState notes the state an instance reached. A gone state also sets
@@ -199,9 +205,10 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.Po
 		update = update.Set(expression.Name("pod"), expression.Name("pod").IfNotExists(expression.Value(pod)))
 	}
 	if sc.Gone {
-		update = update.
-			Set(expression.Name("gone"), expression.Value(model.Gone{State: sc.State, At: sc.At.UTC()})).
-			Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID)))
+		update = update.Set(expression.Name("gone"), expression.Value(model.Gone{State: sc.State, At: sc.At.UTC()}))
+		if !sc.AddsNoWork {
+			update = update.Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID)))
+		}
 	}
 	rec, err := t.update(ctx, instanceID, expression.NewBuilder().WithUpdate(update).WithCondition(condition))
 	if err != nil {

@@ -43,7 +43,10 @@ func WithState(rec Record, id string, pod model.PodRef, sc StateChange, now time
 		rec.Pod = pod
 	}
 	if sc.Gone {
-		rec.Gone, rec.Pending = &model.Gone{State: sc.State, At: sc.At.UTC()}, pendingValue(id)
+		rec.Gone = &model.Gone{State: sc.State, At: sc.At.UTC()}
+		if !sc.AddsNoWork {
+			rec.Pending = pendingValue(id)
+		}
 	}
 	touch(&rec, now.UTC())
 	rec.Version++

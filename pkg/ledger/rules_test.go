@@ -66,12 +66,12 @@ func TestRulesMatchTable(t *testing.T) {
 				// Few distinct times, so that equal times (ordered by
 				// rank) come up.
 				at := time.Date(2026, 12, 1, 11, 0, rng.IntN(3), 0, time.UTC)
-				sc := StateChange{State: state, At: at, Rank: model.StateRank(state), Gone: model.IsGone(state)}
+				sc := StateChange{State: state, At: at, Rank: model.StateRank(state), Gone: model.IsGone(state), AddsNoWork: rng.IntN(4) == 0}
 				var pod model.PodRef
 				if rng.IntN(2) == 0 {
 					pod = pods[rng.IntN(len(pods))]
 				}
-				op = fmt.Sprintf("state %s at %ds", state, at.Second())
+				op = fmt.Sprintf("state %s at %ds (adds no work: %v)", state, at.Second(), sc.AddsNoWork)
 				got, werr = table.RecordState(ctx, id, pod, sc)
 				want, ok = WithState(want, id, pod, sc, clock)
 			default:

@@ -332,7 +332,7 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 	if sc, ok := newestState(items); ok && (described || haveRecord) { // else not ours as far as anyone knows
 		next, write := rec, true
 		if haveRecord {
-			next, write = r.stateChanges(rec, id, inst.Pod, sc)
+			next, write = r.stateChanges(rec, id, inst.Pod, &sc)
 		}
 		if write {
 			var err error
@@ -392,20 +392,19 @@ func newestState(items []workqueue.Item) (ledger.StateChange, bool) {
 }
 
 // stateChanges is rec after the state change sc, and whether that is worth
-// a write. It is not for an event older than the newest one recorded (the
-// write would change nothing), nor for one that reports the end of an
-// instance whose record is settled, checked and terminated by Reaper: in a
-// burst those are two events per exit, and they would change no decision.
-func (r *Reaper) stateChanges(rec ledger.Record, id string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, bool) {
-	next, applies := ledger.WithState(rec, id, pod, sc, r.Now())
+// a write: not for an event older than the newest one recorded, which the
+// ledger's conditional write would refuse and answer with a read. A gone
+// state that leaves a settled record nothing to do (in a burst, the two
+// EC2 sends for every instance Reaper terminated) keeps it off the pending
+// index: one write, where setting and clearing the index took two.
+func (r *Reaper) stateChanges(rec ledger.Record, id string, pod model.PodRef, sc *ledger.StateChange) (ledger.Record, bool) {
+	next, applies := ledger.WithState(rec, id, pod, *sc, r.Now())
 	if !applies {
 		return rec, false
 	}
-	if rec.Pending == "" && !rec.Unverified && !rec.Terminated.IsZero() {
-		plan := Decide(next, r.Now(), r.Policy)
-		if plan.Pod == nil && !plan.Terminate && plan.WaitUntil.IsZero() {
-			return rec, false
-		}
+	if plan := Decide(next, r.Now(), r.Policy); rec.Pending == "" && !rec.Unverified && plan.Pod == nil && !plan.Terminate && plan.WaitUntil.IsZero() {
+		sc.AddsNoWork = true
+		next.Pending = ""
 	}
 	return next, true
 }

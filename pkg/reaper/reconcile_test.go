@@ -370,9 +370,9 @@ func TestBatchOutOfTime(t *testing.T) {
 }
 
 // The two state changes EC2 sends for an instance Reaper terminated after
-// a checked exit change no decision: they cost no lookup and no ledger
-// write. A spot reclaim's two state changes in one batch cost one write,
-// of the newest.
+// a checked exit need no lookup, and when they come in one batch they cost
+// one ledger write, of the newer, which leaves the record off the pending
+// index; a state change older than the newest recorded costs none.
 func TestBatchStateChangeWrites(t *testing.T) {
 	id, pod := instanceOf(1), podOf(1)
 	settled := ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, PodSynced: "exit/0", Terminated: time.Unix(1, 0), Version: 1}
@@ -384,17 +384,18 @@ func TestBatchStateChangeWrites(t *testing.T) {
 	if resp, err := core.HandleQueueEvent(t.Context(), batch(t, msgs...)); err != nil || len(resp.BatchItemFailures) != 0 {
 		t.Fatalf("failures %v, %v", failures(resp), err)
 	}
-	if r := l.Recs[id]; len(w.Describes) != 0 || r.Version != 1 || r.LastState != "" {
-		t.Fatalf("%d lookups, record %+v: want none and the record untouched", len(w.Describes), r)
+	r := l.Recs[id]
+	if len(w.Describes) != 0 || r.Version != 2 || r.LastState != model.StateTerminated || r.Gone == nil || !r.Gone.At.Equal(at.Add(time.Second)) {
+		t.Fatalf("%d lookups, record %+v: want none and one write, of the newest state", len(w.Describes), r)
 	}
-
-	spot := instanceOf(2)
-	w.Instances[spot] = instances.Instance{ID: spot, State: model.StateTerminated, Managed: true, Owned: true, Pod: podOf(2)}
-	msgs = []workqueue.Message{workqueue.State(spot, model.StateTerminated, at.Add(time.Second)), workqueue.State(spot, model.StateShuttingDown, at)}
+	if r.Pending != "" || l.Writes != 1 {
+		t.Fatalf("%d writes, record %+v: want one, which leaves the record off the pending index", l.Writes, r)
+	}
+	msgs = []workqueue.Message{workqueue.State(id, model.StateShuttingDown, at)}
 	if resp, err := core.HandleQueueEvent(t.Context(), batch(t, msgs...)); err != nil || len(resp.BatchItemFailures) != 0 {
 		t.Fatalf("failures %v, %v", failures(resp), err)
 	}
-	if r := l.Recs[spot]; r.Version != 1 || r.LastState != model.StateTerminated || r.Gone == nil || !r.Gone.At.Equal(at.Add(time.Second)) {
-		t.Fatalf("record %+v: want one write, of the newest state", r)
+	if r := l.Recs[id]; r.Version != 2 || r.LastState != model.StateTerminated {
+		t.Fatalf("record %+v after a stale state change: want it unwritten", r)
 	}
 }
