@@ -259,10 +259,11 @@ func testKeepTime(ctx context.Context, t *testing.T, lab *replay.Lab, root strin
 	wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Patched: 1})
 }
 
-// testFunctionError runs the exitrecorder on a table that does not exist:
-// the error is reported, with the function's log, and the rest still shown.
+// testFunctionError runs the exitrecorder on a work queue that does not
+// exist: the error is reported, with the function's log, and the rest
+// still shown.
 func testFunctionError(ctx context.Context, t *testing.T, lab *replay.Lab, root string) {
-	f, err := localstack.StartFunction(ctx, lab.Bootstraps["exitrecorder"], append(lab.Env, "REAPER_TABLE=no-such-table"))
+	f, err := localstack.StartFunction(ctx, lab.Bootstraps["exitrecorder"], append(lab.Env, "REAPER_QUEUE_URL="+lab.QueueURL+"-no-such-queue"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,13 +278,13 @@ func testFunctionError(ctx context.Context, t *testing.T, lab *replay.Lab, root 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if inv.Err == nil || !strings.Contains(inv.Err.Message, "ResourceNotFoundException") {
-		t.Fatalf("function error %v, want the missing table", inv.Err)
+	if inv.Err == nil || !strings.Contains(inv.Err.Message, "NonExistentQueue") {
+		t.Fatalf("function error %v, want the missing queue", inv.Err)
 	}
 	var out bytes.Buffer
 	printInvocation(&out, inv, false)
 	for _, want := range []string{"what happened (error ", "pod default/sample-job", "Running → Running", "what the reconciler did:\n  nothing: no work was queued",
-		"function log:", "ResourceNotFoundException", "REPORT RequestId:"} {
+		"function log:", "NonExistentQueue", "REPORT RequestId:"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

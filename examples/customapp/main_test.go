@@ -55,7 +55,10 @@ func TestCustomApp(t *testing.T) {
 			"Threshold": 300000,
 		})
 		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Dashboard"), map[string]any{"DashboardName": "Reaper-gpu-pods"})
-		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 3 * 3600})
+		// The event-driven functions keep their events for the app's 3 h;
+		// a sweep is replaced by the next one after a minute.
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 3 * 3600}, jsii.Number(2))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumEventAgeInSeconds": 60, "MaximumRetryAttempts": 0}, jsii.Number(1))
 		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"ScheduleExpression": "rate(5 minutes)"})
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "gpu-oncall@example.com"})
 		// Secrets Manager access instead of EKS.

@@ -268,8 +268,9 @@ type BurstResult struct {
 	// were SDK retries of an operation already sent.
 	EC2, Refused, Retried map[string]int
 	// Kube counts the functions' apiserver requests by "VERB
-	// resource[/subresource]", through Burst.Kube.
-	Kube map[string]int
+	// resource[/subresource]", through Burst.Kube; KubeErrors those of
+	// them answered with an error or cut short by the client.
+	Kube, KubeErrors map[string]int
 	// Dynamo counts the functions' DynamoDB requests by operation.
 	Dynamo map[string]int
 	// SQS counts the work queue's requests by action.
@@ -788,9 +789,12 @@ func (b *Burst) collect(ctx context.Context, res *BurstResult, byInstance map[st
 		res.DeadLettered = d.Visible + d.InFlight
 	}
 
-	res.Kube = map[string]int{}
+	res.Kube, res.KubeErrors = map[string]int{}, map[string]int{}
 	for _, c := range b.Kube.Calls.Calls() {
 		res.Kube[c.Action]++
+		if c.ErrorCode != "" {
+			res.KubeErrors[c.Action]++
+		}
 	}
 	res.Dynamo = b.dynamo.Counts()
 

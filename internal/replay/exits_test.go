@@ -335,7 +335,11 @@ func TestKubernetesDown(t *testing.T) {
 	}
 	var rec ledger.Record
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		rec = record(t, id)
+		// The reconciler records the exit once it has checked it.
+		var err error
+		if rec, _, err = lab.Ledger.Get(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
 		if !rec.Terminated.IsZero() || time.Now().After(deadline) {
 			break
 		}

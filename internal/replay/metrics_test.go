@@ -128,15 +128,14 @@ func TestExitMetrics(t *testing.T) {
 	}
 	// The recording's container finished days ago: each latency is the
 	// time from then to the step, in milliseconds. The Pod shows the finish
-	// in whole seconds, the line has it to the nanosecond. The reconciler
-	// measures its record of the checked exit too.
+	// in whole seconds, the line has it to the nanosecond. The exit is
+	// recorded once the reconciler has checked it.
 	low, high := float64(before.Sub(finished.Add(time.Second)).Milliseconds()), float64(time.Since(finished).Milliseconds())
 	for _, tc := range []struct {
 		lines    []emfLine
 		function string
 		name     string
 	}{
-		{recorder, metrics.FunctionExitRecorder, metrics.FinishToRecorded},
 		{reconciler, metrics.FunctionReconciler, metrics.FinishToRecorded},
 		{reconciler, metrics.FunctionReconciler, metrics.FinishToPodTerminal},
 		{reconciler, metrics.FunctionReconciler, metrics.FinishToTerminated},
