@@ -97,7 +97,11 @@ func TestAdmissionPolicy(t *testing.T) {
 	writer := kube.NewStatusWriter(client)
 	exit := func(pod *corev1.Pod) (kube.Result, error) {
 		now := time.Now().Truncate(time.Second)
-		return writer.Apply(ctx, model.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}, model.Outcome{
+		snap, err := writer.Read(ctx, model.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)})
+		if err != nil {
+			return "", err
+		}
+		return writer.ApplyTo(ctx, snap, model.Outcome{
 			InstanceID: "i-0123456789abcdef0",
 			Exit: &model.Exit{
 				Container: "main", ContainerID: containerID, ExitCode: 0,

@@ -123,15 +123,6 @@ func (w *StatusWriter) getPod(ctx context.Context, ref model.PodRef) (*corev1.Po
 	return &pod, nil
 }
 
-// Apply reads the Pod ref names and makes it carry the outcome (ApplyTo).
-func (w *StatusWriter) Apply(ctx context.Context, ref model.PodRef, o model.Outcome) (Result, error) {
-	snap, err := w.Read(ctx, ref)
-	if err != nil {
-		return "", err
-	}
-	return w.ApplyTo(ctx, snap, o)
-}
-
 // ApplyTo makes the Pod of a snapshot (from Read or ReadMany) carry the
 // outcome, with no read of its own first. A snapshot that is not Current
 // is its own answer, and nothing is written. It never rewrites a Pod that
@@ -180,15 +171,6 @@ func (w *StatusWriter) plan(snap Snapshot, o model.Outcome) (corev1.PodStatus, R
 // StatusWriter does, and answers DryRun where StatusWriter would write.
 type ReadOnly struct {
 	*StatusWriter
-}
-
-// Apply reads the Pod and decides the write, and makes none.
-func (w ReadOnly) Apply(ctx context.Context, ref model.PodRef, o model.Outcome) (Result, error) {
-	snap, err := w.Read(ctx, ref)
-	if err != nil {
-		return "", err
-	}
-	return w.ApplyTo(ctx, snap, o)
 }
 
 // ApplyTo decides the write from the snapshot and makes none.

@@ -554,9 +554,13 @@ func TestEventLongPodName(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := model.PodRef{Namespace: ns, Name: name, UID: string(pod.UID)}
-	res, err := r.writer.Apply(ctx, ref, exit())
+	snap, err := r.writer.Read(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.writer.ApplyTo(ctx, snap, exit())
 	if err != nil || res != kube.Patched {
-		t.Fatalf("Apply = %q, %v; want %s", res, err, kube.Patched)
+		t.Fatalf("ApplyTo = %q, %v; want %s", res, err, kube.Patched)
 	}
 	evs := r.events(t, ns, ref.UID)
 	if len(evs) != 1 {
