@@ -983,25 +983,42 @@ func (r *ec2Recorder) reset() {
 func (r *ec2Recorder) operations() (retried, terminates map[string]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	retried, terminates = map[string]int{}, map[string]int{}
+	retried = map[string]int{}
 	seen := map[string]bool{}
-	counted := map[[2]string]bool{}
 	for _, op := range r.ops {
 		if op.invocation != "" && seen[op.invocation] {
 			retried[op.action]++
 		}
 		seen[op.invocation] = true
-		if op.action != "TerminateInstances" || op.status != http.StatusOK {
+	}
+	return retried, r.terminatesAnswered(http.StatusOK)
+}
+
+// terminates counts, since the last reset, per instance the
+// TerminateInstances operations naming it that were answered status at
+// least once: the SDK's retries of an operation (one invocation id) are
+// one operation.
+func (r *ec2Recorder) terminates(status int) map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.terminatesAnswered(status)
+}
+
+func (r *ec2Recorder) terminatesAnswered(status int) map[string]int {
+	out := map[string]int{}
+	counted := map[[2]string]bool{}
+	for _, op := range r.ops {
+		if op.action != "TerminateInstances" || op.status != status {
 			continue
 		}
 		for _, id := range op.instances {
 			if k := [2]string{op.invocation, id}; !counted[k] {
 				counted[k] = true
-				terminates[id]++
+				out[id]++
 			}
 		}
 	}
-	return retried, terminates
+	return out
 }
 
 // statusWriter keeps the status code of the response it writes.

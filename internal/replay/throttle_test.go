@@ -78,7 +78,7 @@ func TestTerminateBucketHeldEmpty(t *testing.T) {
 			t.Errorf("instance %s terminated at %s, during the hold", p.InstanceID, p.ShuttingDown.Format(time.StampMilli))
 		}
 	}
-	refused := refusedOperations(b)
+	refused := b.ec2.terminates(http.StatusServiceUnavailable)
 	maxRefused := int(throttleHold/reaper.DeferDelay) + 1
 	for id, n := range refused {
 		if n > maxRefused {
@@ -100,28 +100,6 @@ func TestTerminateBucketHeldEmpty(t *testing.T) {
 	t.Logf("%d exits, Terminate held empty %v: all shutting down %v after the first delivery; EC2 %v, refused %v, SDK retries %v; "+
 		"%d invocations, batch sizes %v; deferred %d; refused operations per instance %v", throttleExits, throttleHold, all, res.EC2, res.Refused, res.Retried,
 		res.Invocations, res.BatchSizes, deferred, histogram(refused))
-}
-
-// refusedOperations counts, per instance, the TerminateInstances
-// operations naming it that EC2 refused at least once: the SDK's retries
-// of an operation (one invocation id) are one operation.
-func refusedOperations(b *Burst) map[string]int {
-	b.ec2.mu.Lock()
-	defer b.ec2.mu.Unlock()
-	seen := map[[2]string]bool{}
-	out := map[string]int{}
-	for _, op := range b.ec2.ops {
-		if op.action != "TerminateInstances" || op.status != http.StatusServiceUnavailable {
-			continue
-		}
-		for _, id := range op.instances {
-			if k := [2]string{op.invocation, id}; !seen[k] {
-				seen[k] = true
-				out[id]++
-			}
-		}
-	}
-	return out
 }
 
 // histogram is how many instances have each count.
