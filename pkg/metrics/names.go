@@ -47,6 +47,19 @@ const (
 	// OrphansFound: managed instances without a live Pod that no event
 	// had reported: each is a leak the event path missed.
 	OrphansFound = "OrphansFound"
+	// OrphansHeldBack: orphans a sweep found beyond its cap
+	// (REAPER_ORPHAN_CAP of the owned instances) and left running. Any is
+	// worth a look: a wrong Kubernetes endpoint makes the whole fleet look
+	// orphaned.
+	OrphansHeldBack = "OrphansHeldBack"
+	// ClusterIdentityMismatch: instances whose cluster identity tag differs
+	// from the identity of the apiserver Reaper reaches (or that carry
+	// none); no orphan check treats them as orphans.
+	ClusterIdentityMismatch = "ClusterIdentityMismatch"
+	// TerminationsRefused: instances TerminateInstances refused (for
+	// example termination protection), by ReasonDim (the EC2 error code).
+	// Reaper stops asking until the sweep finds them again.
+	TerminationsRefused = "TerminationsRefused"
 	// WorkItemsRetried: pending work (a Pod write, a termination) tried
 	// again after an earlier attempt failed.
 	WorkItemsRetried = "WorkItemsRetried"
@@ -122,6 +135,9 @@ var Definitions = []Definition{
 	{InstancesTerminated, Count, "", "Instances terminated after their Pod"},
 	{OrphansTerminated, Count, "", "Orphan instances terminated"},
 	{OrphansFound, Count, "", "Orphan instances found (missed by events)"},
+	{OrphansHeldBack, Count, "", "Orphans held back by the cap"},
+	{ClusterIdentityMismatch, Count, "", "Instances of another cluster identity"},
+	{TerminationsRefused, Count, ReasonDim, "Terminations refused by EC2, by reason"},
 	{WorkItemsRetried, Count, "", "Work items retried"},
 	{WorkItemsQueued, Count, "", "Instances handed to the work queue"},
 	{WorkItemsDeferred, Count, "", "Instances deferred by EC2 pacing"},

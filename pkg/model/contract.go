@@ -55,6 +55,12 @@ const (
 	DefaultTagPodNamespace = "reaper.io/pod-namespace"
 	DefaultTagPodName      = "reaper.io/pod-name"
 	DefaultTagPodUID       = "reaper.io/pod-uid"
+	// DefaultTagClusterUID carries the identity of the cluster the Pod
+	// belongs to: the UID of its kube-system namespace, which a recreated
+	// cluster of the same name does not share. Reaper treats an instance as
+	// an orphan only when it equals the identity of the apiserver Reaper
+	// reaches.
+	DefaultTagClusterUID = "reaper.io/cluster-uid"
 )
 
 // TagKeys are the launch tag keys a deployment uses.
@@ -66,6 +72,8 @@ type TagKeys struct {
 	PodNamespace string
 	PodName      string
 	PodUID       string
+	// ClusterUID is the cluster identity tag (DefaultTagClusterUID).
+	ClusterUID string
 }
 
 // DefaultTagKeys are the contract's default keys.
@@ -76,6 +84,7 @@ func DefaultTagKeys() TagKeys {
 		PodNamespace: DefaultTagPodNamespace,
 		PodName:      DefaultTagPodName,
 		PodUID:       DefaultTagPodUID,
+		ClusterUID:   DefaultTagClusterUID,
 	}
 }
 
@@ -84,7 +93,7 @@ func (k TagKeys) WithDefaults() TagKeys {
 	d := DefaultTagKeys()
 	for _, f := range []struct{ v, def *string }{
 		{&k.Managed, &d.Managed}, {&k.Cluster, &d.Cluster}, {&k.PodNamespace, &d.PodNamespace},
-		{&k.PodName, &d.PodName}, {&k.PodUID, &d.PodUID},
+		{&k.PodName, &d.PodName}, {&k.PodUID, &d.PodUID}, {&k.ClusterUID, &d.ClusterUID},
 	} {
 		if *f.v == "" {
 			*f.v = *f.def
