@@ -62,6 +62,11 @@ type Line struct {
 var (
 	instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
 	uidPattern        = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	// containerIDPattern: a runtime's id with an optional scheme
+	// ("docker://" and 64 hex digits), in MaxContainerIDBytes.
+	containerIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:/-]*$`)
+	// signalPattern: a signal's name ("SIGKILL", "SIGRTMIN+3") or number.
+	signalPattern = regexp.MustCompile(`^[A-Z0-9+-]*$`)
 )
 
 // Input limits. A host writes the line, so every field Reaper stores or
@@ -75,6 +80,11 @@ const (
 	MaxBackoffSeconds = 300
 	// MaxErrorBytes bounds the free-text error.
 	MaxErrorBytes = 4 << 10
+	// MaxContainerIDBytes bounds containerId: a runtime scheme and a
+	// 64-digit id fit with room to spare.
+	MaxContainerIDBytes = 128
+	// MaxSignalBytes bounds signal.
+	MaxSignalBytes = 16
 	// MaxClockSkew is how far in the future finishedAt may lie: the host's
 	// clock may run a little ahead, not hours.
 	MaxClockSkew = 5 * time.Minute
@@ -155,8 +165,21 @@ func (l Line) Validate() error {
 	if l.BackoffSeconds < 0 || l.BackoffSeconds > MaxBackoffSeconds {
 		errs = append(errs, fmt.Errorf("backoffSeconds %d is out of range 0..%d", l.BackoffSeconds, MaxBackoffSeconds))
 	}
-	if len(l.Error) > MaxErrorBytes {
-		errs = append(errs, fmt.Errorf("error is %d bytes, more than %d", len(l.Error), MaxErrorBytes))
+	for _, f := range []struct {
+		name, value string
+		max         int
+		pattern     *regexp.Regexp
+	}{
+		{"error", l.Error, MaxErrorBytes, nil},
+		{"containerId", l.ContainerID, MaxContainerIDBytes, containerIDPattern},
+		{"signal", l.Signal, MaxSignalBytes, signalPattern},
+	} {
+		switch {
+		case len(f.value) > f.max:
+			errs = append(errs, fmt.Errorf("%s is %d bytes, more than %d", f.name, len(f.value), f.max))
+		case f.pattern != nil && !f.pattern.MatchString(f.value):
+			errs = append(errs, fmt.Errorf("%s %.80q has characters outside %s", f.name, f.value, f.pattern))
+		}
 	}
 	if l.FinishedAt.IsZero() {
 		errs = append(errs, errors.New("finishedAt is missing"))
@@ -202,7 +225,8 @@ type Batch struct {
 	InstanceID string
 	LogGroup   string
 	// Lines are the valid lines, ordered by RestartCount with duplicates
-	// (redelivered or repeated by the agent) removed.
+	// (redelivered or repeated by the agent: the same Pod and restart
+	// count) removed.
 	Lines    []Line
 	Rejected []Rejection
 	// Control is true for the CONTROL_MESSAGE CloudWatch Logs sends to test
@@ -217,7 +241,8 @@ var ErrBadStream = errors.New("log stream is not an EC2 instance id")
 // FromLogsEvent decodes a CloudWatch Logs subscription event received at
 // now. A line whose instanceId differs from the log stream is rejected: the
 // stream name is set by the CloudWatch agent from the instance's own
-// metadata, the body is not. A batch keeps one line per restart count.
+// metadata, the body is not. A batch keeps one line per Pod and restart
+// count: a line naming another Pod, whatever its count, never hides one.
 func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) {
 	data, err := ev.AWSLogs.Parse()
 	if err != nil {
@@ -231,7 +256,11 @@ func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) 
 	if !ValidInstanceID(data.LogStream) {
 		return b, fmt.Errorf("%w: %q", ErrBadStream, data.LogStream)
 	}
-	seen := make(map[int32]bool, len(data.LogEvents))
+	type restart struct {
+		uid   string
+		count int32
+	}
+	seen := make(map[restart]bool, len(data.LogEvents))
 	for _, e := range data.LogEvents {
 		l, err := Parse([]byte(e.Message))
 		reason := ReasonInvalid
@@ -246,10 +275,11 @@ func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) 
 			b.Rejected = append(b.Rejected, Rejection{EventID: e.ID, Reason: reason, Err: err})
 			continue
 		}
-		if seen[l.RestartCount] {
+		key := restart{l.PodUID, l.RestartCount}
+		if seen[key] {
 			continue
 		}
-		seen[l.RestartCount] = true
+		seen[key] = true
 		b.Lines = append(b.Lines, l)
 	}
 	sort.SliceStable(b.Lines, func(i, j int) bool { return b.Lines[i].RestartCount < b.Lines[j].RestartCount })

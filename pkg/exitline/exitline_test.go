@@ -27,22 +27,26 @@ func TestParse(t *testing.T) {
 
 func TestParseRejects(t *testing.T) {
 	for name, tc := range map[string]struct{ line, want string }{
-		"not json":        {`exit 0`, "not an exit line"},
-		"other kind":      {strings.Replace(good, `"container-exit"`, `"heartbeat"`, 1), `reaper is "heartbeat"`},
-		"version 2":       {strings.Replace(good, `"v":1`, `"v":2`, 1), "unsupported version v=2"},
-		"bad instance":    {strings.Replace(good, `i-0123456789abcdef0`, `host-7`, 1), `instanceId "host-7"`},
-		"no pod uid":      {strings.Replace(good, `"podUID":"6b9a1c2e-0000-4000-8000-000000000001"`, `"podUID":""`, 1), "podUID is missing"},
-		"exit code range": {strings.Replace(good, `"exitCode":0`, `"exitCode":300`, 1), "out of range"},
-		"unknown no why":  {strings.Replace(good, `"exitCode":0`, `"exitCode":-1`, 1), "needs an error"},
-		"no finish":       {strings.Replace(good, `"finishedAt":"2026-11-30T07:00:00.5Z",`, ``, 1), "finishedAt is missing"},
-		"time travel":     {strings.Replace(good, `07:00:00.5Z`, `05:00:00Z`, 1), "before startedAt"},
-		"namespace shape": {strings.Replace(good, `"podNamespace":"ml"`, `"podNamespace":"ML/../x"`, 1), `podNamespace "ML/../x"`},
-		"name shape":      {strings.Replace(good, `"podName":"train-0"`, `"podName":"`+strings.Repeat("a", 254)+`"`, 1), "podName"},
-		"uid shape":       {strings.Replace(good, `6b9a1c2e-0000-4000-8000-000000000001`, `6b9a1c2e`, 1), "not a UUID"},
-		"container shape": {strings.Replace(good, `"container":"main"`, `"container":"Main_1"`, 1), `container "Main_1"`},
-		"restart count":   {strings.Replace(good, `"restartCount":0`, `"restartCount":1000001`, 1), "restartCount 1000001 is out of range"},
-		"backoff":         {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"backoffSeconds":301`, 1), "backoffSeconds 301 is out of range"},
-		"long error":      {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"error":"`+strings.Repeat("x", 4097)+`"`, 1), "error is 4097 bytes"},
+		"not json":           {`exit 0`, "not an exit line"},
+		"other kind":         {strings.Replace(good, `"container-exit"`, `"heartbeat"`, 1), `reaper is "heartbeat"`},
+		"version 2":          {strings.Replace(good, `"v":1`, `"v":2`, 1), "unsupported version v=2"},
+		"bad instance":       {strings.Replace(good, `i-0123456789abcdef0`, `host-7`, 1), `instanceId "host-7"`},
+		"no pod uid":         {strings.Replace(good, `"podUID":"6b9a1c2e-0000-4000-8000-000000000001"`, `"podUID":""`, 1), "podUID is missing"},
+		"exit code range":    {strings.Replace(good, `"exitCode":0`, `"exitCode":300`, 1), "out of range"},
+		"unknown no why":     {strings.Replace(good, `"exitCode":0`, `"exitCode":-1`, 1), "needs an error"},
+		"no finish":          {strings.Replace(good, `"finishedAt":"2026-11-30T07:00:00.5Z",`, ``, 1), "finishedAt is missing"},
+		"time travel":        {strings.Replace(good, `07:00:00.5Z`, `05:00:00Z`, 1), "before startedAt"},
+		"namespace shape":    {strings.Replace(good, `"podNamespace":"ml"`, `"podNamespace":"ML/../x"`, 1), `podNamespace "ML/../x"`},
+		"name shape":         {strings.Replace(good, `"podName":"train-0"`, `"podName":"`+strings.Repeat("a", 254)+`"`, 1), "podName"},
+		"uid shape":          {strings.Replace(good, `6b9a1c2e-0000-4000-8000-000000000001`, `6b9a1c2e`, 1), "not a UUID"},
+		"container shape":    {strings.Replace(good, `"container":"main"`, `"container":"Main_1"`, 1), `container "Main_1"`},
+		"restart count":      {strings.Replace(good, `"restartCount":0`, `"restartCount":1000001`, 1), "restartCount 1000001 is out of range"},
+		"backoff":            {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"backoffSeconds":301`, 1), "backoffSeconds 301 is out of range"},
+		"long error":         {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"error":"`+strings.Repeat("x", 4097)+`"`, 1), "error is 4097 bytes"},
+		"long container id":  {strings.Replace(good, `"containerId":"3f2a"`, `"containerId":"`+strings.Repeat("f", 1<<20)+`"`, 1), "containerId is 1048576 bytes"},
+		"container id shape": {strings.Replace(good, `"containerId":"3f2a"`, `"containerId":"3f2a\n<b>"`, 1), "containerId"},
+		"long signal":        {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"signal":"`+strings.Repeat("K", 17)+`"`, 1), "signal is 17 bytes"},
+		"signal shape":       {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"signal":"kill -9"`, 1), "signal"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.line))
@@ -106,6 +110,30 @@ func TestFromLogsEventFuture(t *testing.T) {
 		if len(b.Lines) != tc.want || (tc.want == 0 && (len(b.Rejected) != 1 || b.Rejected[0].Reason != ReasonFuture)) {
 			t.Fatalf("now %s: lines %d rejected %+v", tc.now, len(b.Lines), b.Rejected)
 		}
+	}
+}
+
+// A line naming another Pod with the real line's restart count, ahead of
+// it in the payload, hides nothing: lines are one per Pod and count. And a
+// line of any size costs itself only.
+func TestFromLogsEventForgedNeighbours(t *testing.T) {
+	forged := strings.Replace(good, `6b9a1c2e-0000-4000-8000-000000000001`, `6b9a1c2e-0000-4000-8000-00000000ffff`, 1)
+	forged = strings.Replace(forged, `"podName":"train-0"`, `"podName":"victim"`, 1)
+	huge := strings.Replace(good, `"containerId":"3f2a"`, `"containerId":"`+strings.Repeat("f", 1<<20)+`"`, 1)
+	ev, err := Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: "i-0123456789abcdef0",
+		LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Message: forged}, {ID: "2", Message: huge}, {ID: "3", Message: good}, {ID: "4", Message: good}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := FromLogsEvent(ev, received)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Lines) != 2 || b.Lines[0].PodName != "victim" || b.Lines[1].PodName != "train-0" {
+		t.Fatalf("lines %+v, want the forged line and the real one", b.Lines)
+	}
+	if len(b.Rejected) != 1 || b.Rejected[0].EventID != "2" || b.Rejected[0].Reason != ReasonInvalid {
+		t.Fatalf("rejected %+v, want the huge line alone", b.Rejected)
 	}
 }
 
