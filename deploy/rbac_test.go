@@ -6,20 +6,25 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 )
 
 // TestRBAC pins rbac.yaml to the calls pkg/kube makes: get and list Pods, patch
-// pods/status, create Events, and nothing more.
+// pods/status, create Events, and nothing more; and its binding to the two
+// identities deploy/admission.yaml covers: the group "reaper" and the
+// ServiceAccount reaper/reaper, which the file creates with its namespace.
 func TestRBAC(t *testing.T) {
 	raw, err := os.ReadFile("rbac.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var (
-		role    rbacv1.ClusterRole
-		binding rbacv1.ClusterRoleBinding
+		namespace      corev1.Namespace
+		serviceAccount corev1.ServiceAccount
+		role           rbacv1.ClusterRole
+		binding        rbacv1.ClusterRoleBinding
 	)
 	for _, doc := range strings.Split(string(raw), "\n---\n")[1:] {
 		var meta struct{ Kind string }
@@ -28,6 +33,10 @@ func TestRBAC(t *testing.T) {
 		}
 		var dst any
 		switch meta.Kind {
+		case "Namespace":
+			dst = &namespace
+		case "ServiceAccount":
+			dst = &serviceAccount
 		case "ClusterRole":
 			dst = &role
 		case "ClusterRoleBinding":
@@ -50,7 +59,14 @@ func TestRBAC(t *testing.T) {
 	if binding.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name}) {
 		t.Errorf("binding refers to %+v", binding.RoleRef)
 	}
-	if want := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "reaper"}}; !reflect.DeepEqual(binding.Subjects, want) {
-		t.Errorf("subjects %+v", binding.Subjects)
+	wantSubjects := []rbacv1.Subject{
+		{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "reaper"},
+		{Kind: rbacv1.ServiceAccountKind, Name: "reaper", Namespace: "reaper"},
+	}
+	if !reflect.DeepEqual(binding.Subjects, wantSubjects) {
+		t.Errorf("subjects %+v\nwant %+v", binding.Subjects, wantSubjects)
+	}
+	if namespace.Name != "reaper" || serviceAccount.Namespace != namespace.Name || serviceAccount.Name != "reaper" {
+		t.Errorf("ServiceAccount %s/%s in Namespace %s, want reaper/reaper", serviceAccount.Namespace, serviceAccount.Name, namespace.Name)
 	}
 }
