@@ -280,6 +280,9 @@ func (s *Server) changeState(form url.Values, ids []string, now time.Time, next 
 		if _, _, ok := next(r.inst.State); !ok {
 			return nil, errorf("IncorrectInstanceState", "This instance '%s' is not in a state from which it can be stopped.", r.inst.ID)
 		}
+		if root == "TerminateInstancesResponse" && r.inst.DisableAPITermination {
+			return nil, errorf("OperationNotPermitted", "The instance '%s' may not be terminated. Modify its 'disableApiTermination' instance attribute and try again.", r.inst.ID)
+		}
 	}
 	if form.Get("DryRun") == "true" {
 		return nil, errorf("DryRunOperation", "Request would have succeeded, but DryRun flag is set.")

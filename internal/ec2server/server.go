@@ -80,6 +80,10 @@ type Instance struct {
 	LaunchTime   time.Time         // default: when added
 	InstanceType string            // optional, e.g. "g5.xlarge"
 	StateReason  StateReason       // optional; set by Terminate and Stop
+	// DisableAPITermination is termination protection: a
+	// TerminateInstances naming the instance fails with
+	// OperationNotPermitted and terminates none of the call's instances.
+	DisableAPITermination bool
 }
 
 func (i Instance) clone() Instance {

@@ -60,7 +60,6 @@ type Line struct {
 }
 
 var (
-	instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
 	uidPattern        = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	// containerIDPattern: a runtime's id with an optional scheme
 	// ("docker://" and 64 hex digits), in MaxContainerIDBytes.
@@ -111,9 +110,6 @@ func (l Line) Claim() (model.PodRef, model.Exit) {
 		}
 }
 
-// ValidInstanceID reports whether id has the shape of an EC2 instance id.
-func ValidInstanceID(id string) bool { return instanceIDPattern.MatchString(id) }
-
 // Parse decodes and validates one exit line.
 func Parse(message []byte) (Line, error) {
 	var l Line
@@ -135,7 +131,7 @@ func (l Line) Validate() error {
 	if l.V != Version {
 		errs = append(errs, fmt.Errorf("unsupported version v=%d, want %d", l.V, Version))
 	}
-	if !ValidInstanceID(l.InstanceID) {
+	if !model.ValidInstanceID(l.InstanceID) {
 		errs = append(errs, fmt.Errorf("instanceId %q is not an EC2 instance id", l.InstanceID))
 	}
 	for _, f := range []struct {
@@ -253,7 +249,7 @@ func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) 
 		b.Control = true
 		return b, nil
 	}
-	if !ValidInstanceID(data.LogStream) {
+	if !model.ValidInstanceID(data.LogStream) {
 		return b, fmt.Errorf("%w: %q", ErrBadStream, data.LogStream)
 	}
 	type restart struct {

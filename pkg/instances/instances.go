@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"time"
 
@@ -175,66 +176,137 @@ const terminateChunk = 1000
 // in the order given. Instances already gone count as done. Known
 // instances can be passed to skip the lookup.
 //
+// TerminateInstances is all-or-nothing: one instance it will not end
+// (termination protection, a policy, an id that vanished) fails the call
+// for all. Such an error costs those instances only: the ids its message
+// names are answered and the rest sent again; when it names none, the call
+// is split in halves until each refusal stands alone. Instances EC2 refused
+// are answered Refused and listed, with EC2's error code, in the
+// *Refusals the error holds.
+//
 // The returned map holds every id decided. When the tokens run out before
-// the deadline, or EC2 keeps refusing, the error is a *Deferred naming the
-// ids not reached: the targets left, then the ids the lookup could not
+// the deadline, or EC2 keeps refusing, the error holds a *Deferred naming
+// the ids not reached: the targets left, then the ids the lookup could not
 // describe.
 func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Termination, error) {
 	out, targets, undescribed, err := f.triage(ctx, ids, known)
 	if err != nil {
 		return nil, err
 	}
-	for len(targets) > 0 {
-		n, err := f.pacer.terminateCall(ctx, len(targets))
+	refusals := Refusals{}
+	// groups are the calls still to make, in order; a failed call's
+	// instances come back as smaller groups.
+	groups := [][]string{}
+	if len(targets) > 0 {
+		groups = append(groups, targets)
+	}
+	rest := func() []string { return slices.Concat(groups...) }
+	for len(groups) > 0 {
+		group := groups[0]
+		n, err := f.pacer.terminateCall(ctx, len(group))
 		if err != nil {
-			return out, deferRest(targets, undescribed, fmt.Errorf("terminate %d instances: %w", len(targets), err))
+			return out, refusals.join(deferRest(rest(), undescribed, fmt.Errorf("terminate %d instances: %w", len(rest()), err)))
 		}
-		chunk := targets[:n]
-		_, err = f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: chunk})
-		if refused(err) {
-			f.pacer.terminateRefused()
-			return out, deferRest(targets, undescribed, fmt.Errorf("terminate %d instances: %w", n, err))
+		call := group[:n]
+		if n < len(group) {
+			groups[0] = group[n:]
+		} else {
+			groups = groups[1:]
 		}
-		if isNotFound(err) && n > 1 {
-			// Some vanished since the lookup; the call is all-or-nothing, so
-			// retry one by one and let each answer for itself.
-			for j, id := range chunk {
-				_, err := f.pacer.terminateCall(ctx, 1)
-				if err == nil {
-					_, err = f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
-					if refused(err) {
-						f.pacer.terminateRefused()
-					}
-				}
-				if forLater(err) {
-					return out, deferRest(targets[j:], undescribed, fmt.Errorf("terminate %s: %w", id, err))
-				}
-				if err != nil && !isNotFound(err) {
-					return out, fmt.Errorf("terminate %s: %w", id, err)
-				}
+		_, err = f.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: call})
+		var ae smithy.APIError
+		switch {
+		case err == nil:
+			for _, id := range call {
 				out[id] = Terminating
-				if err != nil {
-					out[id] = AlreadyGone
-				}
 			}
-			targets = targets[n:]
-			continue
+		case refused(err):
+			f.pacer.terminateRefused()
+			groups = append([][]string{call}, groups...)
+			return out, refusals.join(deferRest(rest(), undescribed, fmt.Errorf("terminate %d instances: %w", n, err)))
+		case errors.As(err, &ae) && concernsInstances(ae.ErrorCode()):
+			groups = append(isolate(call, ae, out, refusals), groups...)
+		default:
+			groups = append([][]string{call}, groups...)
+			return out, refusals.join(fmt.Errorf("terminate %d instances: %w", len(rest()), err))
 		}
-		if err != nil && !isNotFound(err) {
-			return out, fmt.Errorf("terminate instances: %w", err)
-		}
-		for _, id := range chunk {
-			out[id] = Terminating
-			if err != nil {
-				out[id] = AlreadyGone
-			}
-		}
-		targets = targets[n:]
 	}
 	if undescribed != nil {
-		return out, undescribed
+		return out, refusals.join(undescribed)
 	}
-	return out, nil
+	return out, refusals.join(nil)
+}
+
+// Refused: TerminateInstances will not end it (termination protection, or
+// a policy); the caller reports it and stops asking for a while.
+const Refused Termination = "refused"
+
+// Refusals are the instances TerminateInstances refused, with EC2's error
+// code for each ("OperationNotPermitted": termination protection).
+type Refusals map[string]string
+
+func (r Refusals) Error() string {
+	return fmt.Sprintf("EC2 refused to terminate %d instances: %v", len(r), map[string]string(r))
+}
+
+// join is err with the refusals, if any.
+func (r Refusals) join(err error) error {
+	if len(r) == 0 {
+		return err
+	}
+	return errors.Join(r, err)
+}
+
+// concernsInstances says whether an error code of TerminateInstances is
+// about some of the call's instances rather than the call: the others may
+// be terminated without them.
+func concernsInstances(code string) bool {
+	switch code {
+	case "InvalidInstanceID.NotFound", "OperationNotPermitted", "UnauthorizedOperation", "IncorrectInstanceState":
+		return true
+	}
+	return false
+}
+
+var instanceIDInText = regexp.MustCompile(`i-[0-9a-f]{8,17}`)
+
+// isolate answers the instances of a failed call that its error concerns
+// and returns the calls left to make: the call without the ids the error
+// message names, or, when it names none, the call's two halves. A call of
+// one instance is answered.
+func isolate(call []string, ae smithy.APIError, out map[string]Termination, refusals Refusals) [][]string {
+	answer := func(id string) {
+		if ae.ErrorCode() == "InvalidInstanceID.NotFound" {
+			out[id] = AlreadyGone
+			return
+		}
+		out[id], refusals[id] = Refused, ae.ErrorCode()
+	}
+	if len(call) == 1 {
+		answer(call[0])
+		return nil
+	}
+	named := map[string]bool{}
+	for _, id := range instanceIDInText.FindAllString(ae.ErrorMessage(), -1) {
+		if slices.Contains(call, id) {
+			named[id] = true
+		}
+	}
+	if len(named) == 0 {
+		return [][]string{call[:len(call)/2], call[len(call)/2:]}
+	}
+	var left []string
+	for _, id := range call {
+		if named[id] {
+			answer(id)
+		} else {
+			left = append(left, id)
+		}
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	return [][]string{left}
 }
 
 // deferRest is the error of a Terminate that did not reach targets, nor

@@ -144,9 +144,10 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 // exit again is harmless, so a redelivered exit costs one write, like a new
 // one.
 //
-// An exit that older versions recorded unverified is replaced whatever its
-// restart count: it may come from a forged line, which must never shadow
-// the real exit.
+// An exit that older versions recorded unverified for another Pod is
+// replaced whatever its restart count: it came from a line the tags do not
+// back, which must never shadow the real exit. One for the same Pod is
+// that Pod's, and a later one stays.
 func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit) (Record, error) {
 	now := t.now().UTC()
 	exit.ReceivedAt = now
@@ -154,7 +155,7 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.Pod
 	condition := expression.Or(
 		restartCount.AttributeNotExists(),
 		restartCount.LessThanEqual(expression.Value(exit.RestartCount)),
-		expression.Name("unverified").AttributeExists())
+		expression.And(expression.Name("unverified").AttributeExists(), expression.Name("pod.uid").NotEqual(expression.Value(pod.UID))))
 	update := stamped(now).
 		Set(expression.Name("exit"), expression.Value(exit)).
 		Set(restartCount, expression.Value(exit.RestartCount)).

@@ -15,9 +15,9 @@ import (
 
 // WithExit is rec after RecordExit(id, pod, exit) at now, and whether the
 // write applies (false: rec is returned as it was). A later exit wins,
-// unless it is one an older version recorded unverified.
+// unless it is one an older version recorded unverified for another Pod.
 func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time.Time) (Record, bool) {
-	if rc := rec.ExitRestartCount; rc != nil && *rc > exit.RestartCount && !rec.Unverified {
+	if rc := rec.ExitRestartCount; rc != nil && *rc > exit.RestartCount && !(rec.Unverified && rec.Pod.UID != pod.UID) {
 		return rec, false
 	}
 	now = now.UTC()

@@ -56,7 +56,7 @@ func TestRulesMatchTable(t *testing.T) {
 				exit := model.Exit{Container: "main", ExitCode: rng.IntN(2), RestartCount: int32(rng.IntN(3)), WillRestart: rng.IntN(3) == 0,
 					FinishedAt: clock.Add(-time.Minute)}
 				op = fmt.Sprintf("exit %s rc=%d", pod.UID[len(pod.UID)-1:], exit.RestartCount)
-				if want.Unverified && *want.ExitRestartCount > exit.RestartCount {
+				if want.Unverified && *want.ExitRestartCount > exit.RestartCount && want.Pod.UID != pod.UID {
 					op += " over a later unverified exit"
 				}
 				got, werr = table.RecordExit(ctx, id, pod, exit)
@@ -107,9 +107,10 @@ func TestRulesMatchTable(t *testing.T) {
 	}
 }
 
-// A checked exit replaces one an older version recorded unverified, even
-// one with a higher restart count, and clears the mark; a checked exit with
-// a higher restart count stays. The table and the rules agree on each.
+// A checked exit replaces one an older version recorded unverified for
+// another Pod, even one with a higher restart count, and clears the mark;
+// an unverified one of the same Pod with a higher count stays, as does a
+// checked one. The table and the rules agree on each.
 func TestCheckedExitReplacesUnverified(t *testing.T) {
 	ctx := t.Context()
 	table := startTable(t, "unverified")
@@ -120,10 +121,13 @@ func TestCheckedExitReplacesUnverified(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		unverified bool
+		claim      model.PodRef
 		wantPod    model.PodRef
+		replaced   bool
 	}{
-		{name: "unverified", unverified: true, wantPod: podB},
-		{name: "checked", unverified: false, wantPod: podA},
+		{name: "unverified", unverified: true, claim: podB, wantPod: podB, replaced: true},
+		{name: "unverified-same-pod", unverified: true, claim: podA, wantPod: podA},
+		{name: "checked", unverified: false, claim: podB, wantPod: podA},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := "i-" + tc.name
@@ -137,21 +141,21 @@ func TestCheckedExitReplacesUnverified(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			got, err := table.RecordExit(ctx, id, podB, checked)
+			got, err := table.RecordExit(ctx, id, tc.claim, checked)
 			if err != nil {
 				t.Fatal(err)
 			}
-			rules, applied := WithExit(before, id, podB, checked, table.now())
+			rules, applied := WithExit(before, id, tc.claim, checked, table.now())
 			for form, rec := range map[string]Record{"table": got, "rules": rules} {
-				if rec.Pod != tc.wantPod || rec.Unverified {
-					t.Errorf("%s: pod %s, unverified %v; want pod %s, not unverified", form, rec.Pod.UID, rec.Unverified, tc.wantPod.UID)
+				if wantUnverified := tc.unverified && !tc.replaced; rec.Pod != tc.wantPod || rec.Unverified != wantUnverified {
+					t.Errorf("%s: pod %s, unverified %v; want pod %s, unverified %v", form, rec.Pod.UID, rec.Unverified, tc.wantPod.UID, wantUnverified)
 				}
-				if wantRC := map[bool]int32{true: 0, false: 3}[tc.unverified]; rec.ExitRestartCount == nil || *rec.ExitRestartCount != wantRC {
+				if wantRC := map[bool]int32{true: 0, false: 3}[tc.replaced]; rec.ExitRestartCount == nil || *rec.ExitRestartCount != wantRC {
 					t.Errorf("%s: exit restart count %v, want %d", form, rec.ExitRestartCount, wantRC)
 				}
 			}
-			if applied != tc.unverified {
-				t.Errorf("rules: applied %v, want %v", applied, tc.unverified)
+			if applied != tc.replaced {
+				t.Errorf("rules: applied %v, want %v", applied, tc.replaced)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ package model
 
 import (
 	"fmt"
+	"regexp"
 	"time"
 )
 
@@ -74,3 +75,9 @@ func (o Outcome) Key() string {
 
 // Terminal reports whether the outcome ends the Pod.
 func (o Outcome) Terminal() bool { return o.Exit == nil || o.Exit.Terminal() }
+
+var instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
+
+// ValidInstanceID reports whether id has the shape of an EC2 instance id:
+// "i-" and 8 to 17 hexadecimal digits.
+func ValidInstanceID(id string) bool { return instanceIDPattern.MatchString(id) }

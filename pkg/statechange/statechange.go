@@ -9,7 +9,6 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
@@ -35,7 +34,7 @@ func Parse(ev events.CloudWatchEvent) (Message, error) {
 	if err := json.Unmarshal(ev.Detail, &d); err != nil {
 		return Message{}, fmt.Errorf("state change detail: %w", err)
 	}
-	if !exitline.ValidInstanceID(d.InstanceID) {
+	if !model.ValidInstanceID(d.InstanceID) {
 		return Message{}, fmt.Errorf("state change: instance-id %q is not an EC2 instance id", d.InstanceID)
 	}
 	if !model.KnownState(d.State) {

@@ -106,8 +106,8 @@ func (m Message) validate() error {
 	switch {
 	case m.V != Version:
 		return fmt.Errorf("version %d, want %d", m.V, Version)
-	case m.InstanceID == "":
-		return errors.New("no instanceId")
+	case !model.ValidInstanceID(m.InstanceID):
+		return fmt.Errorf("instanceId %.40q is not an EC2 instance id", m.InstanceID)
 	}
 	switch m.Kind {
 	case KindExit:

@@ -1,0 +1,90 @@
+package instances_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/model"
+)
+
+// TerminateInstances is all-or-nothing: an instance with termination
+// protection, or one that vanished since the lookup, fails the call for
+// all. Those instances cost themselves only: every other instance is
+// terminated, in a few calls, and the refusals are reported with EC2's
+// code.
+func TestTerminateIsolatesRefusals(t *testing.T) {
+	fleet, srv, ids := newFleet(t, 100, 1000)
+	fleet.Pace(scaled(100).Share(0.5), nil) // a call that fails spends its tokens too
+	known, err := fleet.Describe(t.Context(), ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := model.DefaultTagKeys()
+	protected := []string{ids[10], ids[500], ids[999]}
+	for _, id := range protected {
+		srv.RemoveInstance(id)
+		srv.AddInstance(ec2server.Instance{ID: id, DisableAPITermination: true, Tags: map[string]string{keys.Managed: "true", keys.Cluster: cluster}})
+	}
+	vanished := []string{ids[3], ids[700]}
+	for _, id := range vanished {
+		srv.RemoveInstance(id)
+	}
+
+	out, err := fleet.Terminate(t.Context(), ids, known)
+	var refusals instances.Refusals
+	if !errors.As(err, &refusals) || len(refusals) != len(protected) {
+		t.Fatalf("error %v, want the %d refusals", err, len(protected))
+	}
+	for _, id := range ids {
+		want := instances.Terminating
+		switch {
+		case slices.Contains(protected, id):
+			want = instances.Refused
+			if refusals[id] != "OperationNotPermitted" {
+				t.Errorf("%s refused for %q", id, refusals[id])
+			}
+		case slices.Contains(vanished, id):
+			want = instances.AlreadyGone
+		}
+		if out[id] != want {
+			t.Fatalf("%s: %q, want %q", id, out[id], want)
+		}
+	}
+	for _, id := range protected {
+		if i, _ := srv.Instance(id); i.State != ec2server.Running {
+			t.Fatalf("protected instance %s is %s", id, i.State)
+		}
+	}
+	// One call per 500 instances (the half share's burst), then one more
+	// per refusal a message names.
+	if n := srv.CallCount("TerminateInstances"); n > 2+len(protected)+len(vanished) {
+		t.Fatalf("%d TerminateInstances calls to isolate %d refusals", n, len(protected)+len(vanished))
+	}
+}
+
+// An error that names no instance (an IAM denial's encoded message) is
+// isolated by halves: a call it no longer fails terminates its instances.
+func TestTerminateBisectsAnUnnamedRefusal(t *testing.T) {
+	fleet, srv, ids := newFleet(t, 100, 1000)
+	fleet.Pace(scaled(100).Share(0.5), nil) // a call that fails spends its tokens too
+	known, err := fleet.Describe(t.Context(), ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.FailNext("TerminateInstances", 1, "UnauthorizedOperation", 403)
+	out, err := fleet.Terminate(t.Context(), ids, known)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if out[id] != instances.Terminating {
+			t.Fatalf("%s: %q", id, out[id])
+		}
+	}
+	if n := srv.CallCount("TerminateInstances"); n != 4 {
+		t.Fatalf("%d TerminateInstances calls, want two of 500 (the half share's burst) and the failed one's two halves", n)
+	}
+}
