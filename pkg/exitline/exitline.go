@@ -60,7 +60,7 @@ type Line struct {
 }
 
 var (
-	uidPattern        = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	uidPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	// containerIDPattern: a runtime's id with an optional scheme
 	// ("docker://" and 64 hex digits), in MaxContainerIDBytes.
 	containerIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:/-]*$`)
