@@ -282,6 +282,9 @@ func New(scope constructs.Construct, id string, props *Props) *Reaper {
 		})},
 	})
 
+	r.onlyFunctionsSendWork()
+	r.onlyTriggersInvoke(stack)
+
 	r.alarms()
 	r.metricAlarms()
 	r.dashboard()
@@ -330,6 +333,63 @@ func (r *Reaper) workQueue() {
 			MaxReceiveCount: jsii.Number(p.MaxReceiveCount),
 		},
 	})
+}
+
+// onlyFunctionsSendWork keeps forged work off the queues: whatever IAM
+// grants elsewhere (an administrator's sqs:*, another team's role), the
+// work queue accepts messages only from the roles of the functions that
+// produce work, and the dead-letter queue accepts none. An explicit Deny in
+// the queue policy overrides any Allow in the sender's own policies. SQS
+// moves the work queue's failed messages to the dead-letter queue itself,
+// without a SendMessage, and no function sends there. Only the send action
+// is denied, which also covers SendMessageBatch: administrators still read,
+// purge and reconfigure both queues, this policy included.
+//
+// A dead-letter redrive needs sqs:SendMessage on its destination for
+// whoever starts it, so the work queue refuses a redrive too. Nothing is
+// lost: the sweep finds the work of a failed message again.
+func (r *Reaper) onlyFunctionsSendWork() {
+	var producers []*string
+	for i, fn := range r.Functions() {
+		if functions[i].produces {
+			producers = append(producers, fn.Role().RoleArn())
+		}
+	}
+	deny := func(sid string, q awssqs.Queue, conditions *map[string]any) {
+		q.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:        jsii.String(sid),
+			Effect:     awsiam.Effect_DENY,
+			Principals: &[]awsiam.IPrincipal{awsiam.NewStarPrincipal()},
+			Actions:    jsii.Strings(produceActions...),
+			Resources:  &[]*string{q.QueueArn()},
+			Conditions: conditions,
+		}))
+	}
+	// aws:PrincipalArn is a role's ARN for any of its sessions. Any other
+	// principal, a service or an anonymous caller included, matches
+	// ArnNotEquals (a negated operator also matches a missing key).
+	deny("SendOnlyFromReaperFunctions", r.WorkQueue, &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": producers}})
+	deny("NoSends", r.DeadLetterQueue, nil)
+}
+
+// onlyTriggersInvoke adds the stack's account to every permission that
+// lets a service invoke a function. The subscription filter's
+// LambdaDestination and the rules' LambdaFunction targets each add one,
+// for their principal (logs.amazonaws.com, events.amazonaws.com) and with
+// their log group's or rule's ARN as SourceArn, but without SourceAccount,
+// the confused-deputy guard AWS advises alongside it: it still holds if a
+// SourceArn is ever widened or taken from elsewhere. There are no other
+// permissions: no function URL, no other principal; the reconciler's event
+// source mapping polls with its role and needs none.
+//
+// A resource policy cannot deny: principals of the account whose own IAM
+// policies grant lambda:InvokeFunction on a function can still invoke it.
+func (r *Reaper) onlyTriggersInvoke(stack awscdk.Stack) {
+	for _, c := range *r.Node().FindAll(constructs.ConstructOrder_PREORDER) {
+		if p, ok := c.(awslambda.CfnPermission); ok && p.SourceAccount() == nil {
+			p.SetSourceAccount(stack.Account())
+		}
+	}
 }
 
 // environment is a function's configuration (see pkg/config).
@@ -567,7 +627,8 @@ func (r *Reaper) alarms() {
 	r.alarm("FailuresVisible", "Reaper events failed every retry and wait in the failure queue: inspect and replay them",
 		r.FailureQueue.MetricApproximateNumberOfMessagesVisible(maximum), 0)
 	r.alarm("DeadLettersVisible", fmt.Sprintf("Reaper work failed %d receives and waits in the work dead-letter queue: "+
-		"its Pods may lack a terminal status and its instances may bill on; see the reconciler's logs, then redrive the queue", p.MaxReceiveCount),
+		"its Pods may lack a terminal status and its instances may bill on until a sweep finds the work again; see the reconciler's logs and the messages "+
+		"(the work queue takes messages only from Reaper's functions: a redrive into it is refused)", p.MaxReceiveCount),
 		r.DeadLetterQueue.MetricApproximateNumberOfMessagesVisible(maximum), 0)
 	r.alarm("WorkQueueAge", fmt.Sprintf("Reaper work waited over %s in the work queue: the reconciler falls behind "+
 		"(throttled, failing, or paced by its EC2 share); see its errors, throttles and EC2PacingWait", p.QueueAgeAlarm),

@@ -318,14 +318,37 @@ func TestWorkQueue(t *testing.T) {
 	if got := cdktest.Props(dlq); !reflect.DeepEqual(got, want) {
 		t.Errorf("dead-letter queue\n got %s\nwant %s", compact(got), compact(want))
 	}
-	for _, id := range []string{workID, dlqID} {
+	// Both refuse plain HTTP. The work queue takes messages only from the
+	// functions' roles, whoever else IAM lets send: a forged work item
+	// would have the reconciler act on it. The dead-letter queue takes
+	// none: SQS moves the work queue's failed messages itself, and no
+	// function sends there. Only sending is denied, so administrators
+	// still manage, read and purge both.
+	tls := func(id string) map[string]any {
+		return map[string]any{
+			"Effect": "Deny", "Action": "sqs:*", "Principal": map[string]any{"AWS": "*"},
+			"Condition": map[string]any{"Bool": map[string]any{"aws:SecureTransport": "false"}},
+			"Resource":  getAtt(id, "Arn"),
+		}
+	}
+	var roles []any
+	for _, id := range functionIDs {
+		roles = append(roles, getAtt(roleOf(t, m, id), "Arn"))
+	}
+	for id, sends := range map[string]map[string]any{
+		workID: {
+			"Sid": "SendOnlyFromReaperFunctions", "Effect": "Deny", "Action": "sqs:SendMessage", "Principal": "*",
+			"Condition": map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": roles}},
+			"Resource":  getAtt(workID, "Arn"),
+		},
+		dlqID: {
+			"Sid": "NoSends", "Effect": "Deny", "Action": "sqs:SendMessage", "Principal": "*",
+			"Resource": getAtt(dlqID, "Arn"),
+		},
+	} {
 		has(t, tmpl, "AWS::SQS::QueuePolicy", map[string]any{
-			"Queues": []any{map[string]any{"Ref": id}},
-			"PolicyDocument": map[string]any{"Statement": []any{map[string]any{
-				"Effect": "Deny", "Action": "sqs:*", "Principal": map[string]any{"AWS": "*"},
-				"Condition": map[string]any{"Bool": map[string]any{"aws:SecureTransport": "false"}},
-				"Resource":  getAtt(id, "Arn"),
-			}}, "Version": "2012-10-17"},
+			"Queues":         []any{map[string]any{"Ref": id}},
+			"PolicyDocument": map[string]any{"Statement": []any{tls(id), sends}, "Version": "2012-10-17"},
 		})
 	}
 
@@ -390,6 +413,51 @@ func TestTriggers(t *testing.T) {
 	has(t, tmpl, "AWS::Events::Rule", schedule)
 	for _, id := range []string{stateChange, sweeper} {
 		has(t, tmpl, "AWS::Lambda::Permission", map[string]any{"FunctionName": getAtt(id, "Arn"), "Principal": "events.amazonaws.com"})
+	}
+}
+
+// TestInvokePermissions checks every resource policy statement of the
+// functions: each is invoked only by its own trigger, in the stack's
+// account. The exitrecorder by CloudWatch Logs for the exit-line group,
+// statechange and the sweeper by EventBridge for their rules; the
+// reconciler by nobody (its event source mapping polls with its role). No
+// function URL, no other principal.
+func TestInvokePermissions(t *testing.T) {
+	_, m := defaults(t)
+	exitGroup := ""
+	for id, r := range cdktest.Resources(m, "AWS::Logs::LogGroup") {
+		if cdktest.Props(r)["LogGroupName"] == "/reaper/demo/exits" {
+			exitGroup = id
+		}
+	}
+	stateChanges, _ := byID(t, m, "AWS::Events::Rule", "StateChanges")
+	sweep, _ := byID(t, m, "AWS::Events::Rule", "Sweep")
+	permission := func(fnID, principal, source string) string {
+		logical, _ := fn(t, m, fnID)
+		return compact(map[string]any{
+			"Action":        "lambda:InvokeFunction",
+			"FunctionName":  getAtt(logical, "Arn"),
+			"Principal":     principal,
+			"SourceArn":     getAtt(source, "Arn"),
+			"SourceAccount": map[string]any{"Ref": "AWS::AccountId"},
+		})
+	}
+	want := []string{
+		permission("ExitRecorder", "logs.amazonaws.com", exitGroup),
+		permission("StateChange", "events.amazonaws.com", stateChanges),
+		permission("Sweeper", "events.amazonaws.com", sweep),
+	}
+	var got []string
+	for _, p := range cdktest.Resources(m, "AWS::Lambda::Permission") {
+		got = append(got, compact(cdktest.Props(p)))
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("invoke permissions\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(want, "\n     "))
+	}
+	if n := len(cdktest.Resources(m, "AWS::Lambda::Url")); n != 0 {
+		t.Errorf("%d function URLs", n)
 	}
 }
 
@@ -1186,6 +1254,13 @@ func TestTwoClustersInOneAccount(t *testing.T) {
 		for _, other := range clusters {
 			if o := other.props.Cluster(); o != cluster && strings.Contains(compact(m), `Reaper/`+o) {
 				t.Errorf("%s reads %s's metrics", c.stack, o)
+			}
+		}
+
+		// The functions' invokers are this account's log group and rules.
+		for id, p := range cdktest.Resources(m, "AWS::Lambda::Permission") {
+			if a := cdktest.Props(p)["SourceAccount"]; a != "123456789012" {
+				t.Errorf("%s %s: SourceAccount %v, want 123456789012", c.stack, id, a)
 			}
 		}
 
