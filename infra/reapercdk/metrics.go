@@ -48,21 +48,43 @@ func (r *Reaper) metric(name, function, statistic string) awscloudwatch.Metric {
 	})
 }
 
+// insightsSum is the sum of a count of the contract over every function
+// that records it and, if the count has one, every value of its further
+// dimension: a Metrics Insights query, which needs no list of either (a
+// metric math alarm takes ten metrics at most, and SEARCH is for graphs
+// only).
+func (r *Reaper) insightsSum(d metrics.Definition) awscloudwatch.IMetric {
+	keys := metrics.FunctionDim
+	if d.Dim != "" {
+		keys += ", " + d.Dim
+	}
+	return awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+		Expression: jsii.String(fmt.Sprintf(`SELECT SUM(%s) FROM SCHEMA("%s", %s)`, d.Name, r.Props.MetricsNamespace, keys)),
+		Label:      jsii.String(d.Name),
+		Period:     seconds(alarmPeriod),
+	})
+}
+
+// definition is the contract's definition of a metric.
+func definition(name string) metrics.Definition {
+	for _, d := range metrics.Definitions {
+		if d.Name == name {
+			return d
+		}
+	}
+	panic("reapercdk: no metric " + name + " in metrics.Definitions")
+}
+
 // metricAlarms watch what the functions' own errors cannot show: lines
 // that were not believed, instances that bill on after their Pod ended,
-// and instances the events never reported.
+// instances the events never reported, and the safety checks that kept
+// Reaper from acting: orphans held back by the cap, instances of another
+// cluster identity, terminations EC2 refused.
 func (r *Reaper) metricAlarms() {
 	p := r.Props
-	// Any reason, from any function: a Metrics Insights query sums every
-	// Function and Reason pair, which a metric math alarm (ten metrics at
-	// most) could not list.
+	// Any reason, from any function.
 	r.alarm("LinesRejected", "Reaper did not act on exit lines or records (any reason): see the dashboard's reasons and the functions' \"rejected\" and \"not believed\" log lines",
-		awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
-			Expression: jsii.String(fmt.Sprintf(`SELECT SUM(%s) FROM SCHEMA("%s", %s, %s)`,
-				metrics.LinesRejected, p.MetricsNamespace, metrics.FunctionDim, metrics.ReasonDim)),
-			Label:  jsii.String(metrics.LinesRejected),
-			Period: seconds(alarmPeriod),
-		}), 0)
+		r.insightsSum(definition(metrics.LinesRejected)), 0)
 
 	// The worst terminating function's p99: percentiles of different
 	// functions do not add up. Only the reconciler terminates today.
@@ -82,6 +104,22 @@ func (r *Reaper) metricAlarms() {
 
 	r.alarm("OrphansFound", "Reaper's sweep found managed instances without a live Pod that no event reported: a leak the event path missed",
 		r.metric(metrics.OrphansFound, metrics.FunctionSweeper, "Sum"), 0)
+
+	// Any is worth a page. Only the sweeper holds orphans back.
+	r.alarm("OrphansHeldBack", "Reaper's sweep found more orphans than OrphanCap (REAPER_ORPHAN_CAP) of the owned instances and left the rest running: "+
+		"check that Reaper reaches the right cluster (a wrong Kubernetes endpoint makes the whole fleet look orphaned) before raising the cap; see the sweeper's log",
+		r.metric(metrics.OrphansHeldBack, metrics.FunctionSweeper, "Sum"), 0)
+	// The sweeper and the reconciler both check the identity: any
+	// function's count.
+	r.alarm("ClusterIdentityMismatch", "Reaper found managed instances whose cluster identity tag differs from the cluster it reaches (or that carry none) "+
+		"and treats none of them as orphans: check the Kubernetes endpoint Reaper reaches and the provider's tags; see the sweeper's and the reconciler's logs",
+		r.insightsSum(definition(metrics.ClusterIdentityMismatch)), 0)
+	// Any EC2 error code: they are not known in advance, and every one
+	// leaves an instance Reaper owns billing on.
+	r.alarm("TerminationsRefused", "EC2 refused to terminate instances Reaper owns (any reason: OperationNotPermitted for termination protection, "+
+		"UnauthorizedOperation for a tag the IAM conditions do not match, ...): they bill on, and Reaper asks again only when a sweep finds them; "+
+		"see the dashboard's reasons and the reconciler's log",
+		r.insightsSum(definition(metrics.TerminationsRefused)), 0)
 }
 
 // dashboard lays out the alarms, then rows of three graphs: the counts of

@@ -173,7 +173,8 @@ type Reaper struct {
 	// Alarms are the functions' error and throttle alarms, the failure
 	// queue's, the dead-letter queue's and the work queue's age alarms, and
 	// the alarms on Reaper's own metrics (rejected lines, termination
-	// latency, orphans).
+	// latency, orphans found and held back, cluster identity mismatches,
+	// refused terminations).
 	Alarms []awscloudwatch.Alarm
 	// Dashboard shows Reaper's metrics, the functions' and the queues', and
 	// the alarms.

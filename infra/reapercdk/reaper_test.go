@@ -463,8 +463,9 @@ func TestInvokePermissions(t *testing.T) {
 
 func TestAlarms(t *testing.T) {
 	tmpl, m := defaults(t)
-	if n := len(cdktest.Resources(m, "AWS::CloudWatch::Alarm")); n != 14 {
-		t.Fatalf("%d alarms, want 14 (errors and throttles per function, failure queue, dead letters, work queue age, rejected lines, terminate latency, orphans)", n)
+	if n := len(cdktest.Resources(m, "AWS::CloudWatch::Alarm")); n != 17 {
+		t.Fatalf("%d alarms, want 17 (errors and throttles per function, failure queue, dead letters, work queue age, rejected lines, terminate latency, "+
+			"orphans found, orphans held back, cluster identity mismatches, refused terminations)", n)
 	}
 	for _, id := range functionIDs {
 		logical, _ := fn(t, m, id)
@@ -542,16 +543,42 @@ func TestAlarms(t *testing.T) {
 		},
 		"Threshold": 120000,
 	}))
-	// Any orphan the sweep finds.
-	has(t, tmpl, "AWS::CloudWatch::Alarm", once(map[string]any{
-		"Metrics": []any{map[string]any{"ReturnData": true, "MetricStat": map[string]any{
+	// Any orphan the sweep finds, and any it holds back beyond its cap.
+	sum := func(metric, function string) map[string]any {
+		return map[string]any{
 			"Metric": map[string]any{
-				"Namespace": "Reaper/demo", "MetricName": "OrphansFound",
-				"Dimensions": []any{map[string]any{"Name": "Function", "Value": "sweeper"}},
+				"Namespace": "Reaper/demo", "MetricName": metric,
+				"Dimensions": []any{map[string]any{"Name": "Function", "Value": function}},
 			},
 			"Stat": "Sum", "Period": 300,
-		}}},
-		"Threshold": 0,
+		}
+	}
+	for _, metric := range []string{"OrphansFound", "OrphansHeldBack"} {
+		has(t, tmpl, "AWS::CloudWatch::Alarm", once(map[string]any{
+			"Metrics":   []any{map[string]any{"ReturnData": true, "MetricStat": sum(metric, "sweeper")}},
+			"Threshold": 0,
+		}))
+	}
+	// Any instance of another cluster identity, whichever function (the
+	// sweeper, the reconciler) found it.
+	has(t, tmpl, "AWS::CloudWatch::Alarm", once(map[string]any{
+		"Metrics": []any{map[string]any{
+			"Expression": `SELECT SUM(ClusterIdentityMismatch) FROM SCHEMA("Reaper/demo", Function)`,
+			"Label":      "ClusterIdentityMismatch",
+			"Period":     300, "ReturnData": true,
+		}},
+		"Threshold":        0,
+		"AlarmDescription": assertions.Match_StringLikeRegexp(jsii.String("cluster identity")),
+	}))
+	// Any termination EC2 refused, whatever its error code.
+	has(t, tmpl, "AWS::CloudWatch::Alarm", once(map[string]any{
+		"Metrics": []any{map[string]any{
+			"Expression": `SELECT SUM(TerminationsRefused) FROM SCHEMA("Reaper/demo", Function, Reason)`,
+			"Label":      "TerminationsRefused",
+			"Period":     300, "ReturnData": true,
+		}},
+		"Threshold":        0,
+		"AlarmDescription": assertions.Match_StringLikeRegexp(jsii.String("OperationNotPermitted")),
 	}))
 }
 
@@ -604,6 +631,7 @@ func TestDashboard(t *testing.T) {
 		"Alarms",
 		"ExitsRecorded: Exit lines recorded", "LinesRejected: Exit lines rejected, by reason", "PodsFinalized: Pods finalized, by outcome",
 		"InstancesTerminated: Instances terminated after their Pod", "OrphansTerminated: Orphan instances terminated", "OrphansFound: Orphan instances found (missed by events)",
+		"OrphansHeldBack: Orphans held back by the cap", "ClusterIdentityMismatch: Instances of another cluster identity", "TerminationsRefused: Terminations refused by EC2, by reason",
 		"WorkItemsRetried: Work items retried", "WorkItemsQueued: Instances handed to the work queue", "WorkItemsDeferred: Instances deferred by EC2 pacing",
 		"WorkItemsFailed: Instances returned to the queue as failures",
 		"FinishToRecorded: Container finish to ledger record", "FinishToPodTerminal: Container finish to Pod terminal status",
@@ -631,15 +659,18 @@ func TestDashboard(t *testing.T) {
 		want[4]:  {search("Function", "InstancesTerminated", "Sum")},
 		want[5]:  {search("Function", "OrphansTerminated", "Sum")},
 		want[6]:  {search("Function", "OrphansFound", "Sum")},
-		want[7]:  {search("Function", "WorkItemsRetried", "Sum")},
-		want[8]:  {search("Function", "WorkItemsQueued", "Sum")},
-		want[9]:  {search("Function", "WorkItemsDeferred", "Sum")},
-		want[10]: {search("Function", "WorkItemsFailed", "Sum")},
-		want[11]: latency("FinishToRecorded"),
-		want[12]: latency("FinishToPodTerminal"),
-		want[13]: latency("FinishToTerminated"),
-		want[14]: latency("QueueAge"),
-		want[15]: latency("EC2PacingWait"),
+		want[7]:  {search("Function", "OrphansHeldBack", "Sum")},
+		want[8]:  {search("Function", "ClusterIdentityMismatch", "Sum")},
+		want[9]:  {search("Function,Reason", "TerminationsRefused", "Sum")},
+		want[10]: {search("Function", "WorkItemsRetried", "Sum")},
+		want[11]: {search("Function", "WorkItemsQueued", "Sum")},
+		want[12]: {search("Function", "WorkItemsDeferred", "Sum")},
+		want[13]: {search("Function", "WorkItemsFailed", "Sum")},
+		want[14]: latency("FinishToRecorded"),
+		want[15]: latency("FinishToPodTerminal"),
+		want[16]: latency("FinishToTerminated"),
+		want[17]: latency("QueueAge"),
+		want[18]: latency("EC2PacingWait"),
 	} {
 		for _, e := range exprs {
 			if !strings.Contains(graphs[title], `"expression":`+e) {
@@ -647,7 +678,7 @@ func TestDashboard(t *testing.T) {
 			}
 		}
 	}
-	if g := graphs[want[13]]; !strings.Contains(g, `"annotations":{"horizontal":[{"label":"alarm (p99)","value":120000,"yAxis":"left"}]}`) {
+	if g := graphs[want[16]]; !strings.Contains(g, `"annotations":{"horizontal":[{"label":"alarm (p99)","value":120000,"yAxis":"left"}]}`) {
 		t.Errorf("terminate latency graph without the alarm's threshold: %s", g)
 	}
 
@@ -675,14 +706,14 @@ func TestDashboard(t *testing.T) {
 	dlqID, _ := queue(t, m, "WorkDeadLetters")
 	failuresID, _ := queue(t, m, "Failures")
 	for title, metrics := range map[string][]string{
-		want[19]: {
+		want[22]: {
 			sqs(workID, "ApproximateNumberOfMessagesVisible", "messages visible", false),
 			sqs(workID, "ApproximateNumberOfMessagesNotVisible", "messages in flight", false),
 			sqs(dlqID, "ApproximateNumberOfMessagesVisible", "dead letters visible", false),
 			sqs(workID, "ApproximateAgeOfOldestMessage", "oldest message age", true),
 			`"annotations":{"horizontal":[{"label":"alarm","value":300,"yAxis":"right"}]}`,
 		},
-		want[20]: {
+		want[23]: {
 			sqs(failuresID, "ApproximateNumberOfMessagesVisible", "messages visible", false),
 			sqs(failuresID, "ApproximateAgeOfOldestMessage", "oldest message age", true),
 		},
