@@ -144,6 +144,11 @@ var knobs = []knob{
 	{"reconcilerMaxConcurrency", integer(func(p *reapercdk.Props) *int { return &p.ReconcilerMaxConcurrency })},
 	{"ec2Share", number(func(p *reapercdk.Props) *float64 { return &p.EC2Share })},
 	{"queueAgeAlarm", duration(func(p *reapercdk.Props) *time.Duration { return &p.QueueAgeAlarm })},
+	{"orphanCap", func(p *reapercdk.Props, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		p.OrphanCap = &f
+		return err
+	}},
 	{"metricsNamespace", str(func(p *reapercdk.Props) *string { return &p.MetricsNamespace })},
 	{"terminateLatencyAlarm", duration(func(p *reapercdk.Props) *time.Duration { return &p.TerminateLatencyAlarm })},
 	{"alarmEmail", str(func(p *reapercdk.Props) *string { return &p.AlarmEmail })},

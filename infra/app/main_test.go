@@ -61,6 +61,7 @@ func TestContextKnobs(t *testing.T) {
 			"reconcilerMaxConcurrency": "6",
 			"ec2Share":                 0.25,
 			"queueAgeAlarm":            "15m",
+			"orphanCap":                0.05,
 			"metricsNamespace":         "Staging/Reaper",
 			"terminateLatencyAlarm":    "90s",
 			"alarmEmail":               "oncall@example.com",
@@ -89,6 +90,11 @@ func TestContextKnobs(t *testing.T) {
 				"REAPER_KUBECONFIG_SECRET": assertions.Match_AnyValue(), "REAPER_EC2_SHARE": "0.25", "REAPER_RECONCILER_CONCURRENCY": "6",
 			})},
 		})
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
+				"REAPER_KUBECONFIG_SECRET": assertions.Match_AnyValue(), "REAPER_ORPHAN_CAP": "0.05",
+			})},
+		}, jsii.Number(2))
 		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
 			"BatchSize": 2000, "MaximumBatchingWindowInSeconds": 30, "ScalingConfig": map[string]any{"MaximumConcurrency": 6},
 			"FunctionResponseTypes": []any{"ReportBatchItemFailures"},
@@ -195,10 +201,11 @@ func TestBadKnobs(t *testing.T) {
 			"ec2Share":              "half",
 			"reconcilerBatchSize":   "all",
 			"queueAgeAlarm":         "-1m",
+			"orphanCap":             "ten percent",
 		}))
 	})
 	for _, want := range []string{`exitWait="soon"`, `dryRun="maybe"`, `memoryMb="lots"`, `exitLogRetentionDays="10": CloudWatch Logs keeps [1 3 5 7 14 30`, `tableRemovalPolicy="snapshot"`, `terminateLatencyAlarm="0s": must be positive`,
-		`ec2Share="half"`, `reconcilerBatchSize="all"`, `queueAgeAlarm="-1m": must be positive`} {
+		`ec2Share="half"`, `reconcilerBatchSize="all"`, `queueAgeAlarm="-1m": must be positive`, `orphanCap="ten percent"`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v, want it to mention %s", err, want)
 		}

@@ -131,6 +131,14 @@ type Props struct {
 	// which an alarm fires (default 5m, at least 1m, whole seconds).
 	QueueAgeAlarm time.Duration
 
+	// OrphanCap is REAPER_ORPHAN_CAP of the sweeper and the reconciler: at
+	// most this fraction of the owned instances is terminated as orphans
+	// per sweep, more than 0 and at most 1. The rest are left running and
+	// counted as OrphansHeldBack, which alarms: a wrong Kubernetes endpoint
+	// makes the whole fleet look orphaned. Nil: the functions' default,
+	// 0.1.
+	OrphanCap *float64
+
 	// MetricsNamespace is the CloudWatch namespace the functions record
 	// their metrics under (REAPER_METRICS_NAMESPACE) and the dashboard and
 	// alarms read (default DefaultMetricsNamespace of the cluster,
@@ -350,6 +358,9 @@ func (p Props) Validate() error {
 	}
 	if s := p.EC2Share; !(s > 0 && s <= 1) {
 		bad("EC2Share %v: the reconcilers' part of EC2's token buckets must be more than 0 and at most 1", s)
+	}
+	if c := p.OrphanCap; c != nil && !(*c > 0 && *c <= 1) {
+		bad("OrphanCap %v: the fraction of the owned instances a sweep may terminate as orphans must be more than 0 and at most 1", *c)
 	}
 	if a := p.QueueAgeAlarm; a < time.Minute || a%time.Second != 0 {
 		bad("QueueAgeAlarm %s: SQS reports the oldest message's age each minute; use whole seconds, at least 1m", a)

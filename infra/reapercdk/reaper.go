@@ -66,6 +66,9 @@ type function struct {
 	describes bool
 	// terminates: ec2:TerminateInstances, on owned instances only.
 	terminates bool
+	// orphans: finds or terminates orphans, as many per sweep as
+	// REAPER_ORPHAN_CAP allows (Props.OrphanCap).
+	orphans bool
 	// kube: reads or writes Pods: the access entry, eks:DescribeCluster or
 	// the kubeconfig secret, and the variables that name them.
 	kube bool
@@ -99,12 +102,12 @@ var functions = []function{
 	{
 		name: metrics.FunctionSweeper, id: "Sweeper", timeout: 5 * time.Minute,
 		description: "Reaper: on a schedule, queues pending work and managed instances without a live Pod",
-		ledger:      true, batchReads: true, sweeps: true, describes: true, kube: true, produces: true, scheduled: true,
+		ledger:      true, batchReads: true, sweeps: true, describes: true, kube: true, produces: true, scheduled: true, orphans: true,
 	},
 	{
 		name: metrics.FunctionReconciler, id: "Reconciler", timeout: ReconcilerTimeout,
 		description: "Reaper: from the work queue, writes Pods' terminal status and terminates their instances",
-		ledger:      true, batchReads: true, describes: true, terminates: true, kube: true, produces: true, consumes: true,
+		ledger:      true, batchReads: true, describes: true, terminates: true, kube: true, produces: true, consumes: true, orphans: true,
 	},
 }
 
@@ -423,6 +426,9 @@ func (r *Reaper) environment(spec function) map[string]*string {
 		// of each EC2 token bucket: together they spend at most share.
 		env["REAPER_EC2_SHARE"] = jsii.String(strconv.FormatFloat(p.EC2Share, 'g', -1, 64))
 		env["REAPER_RECONCILER_CONCURRENCY"] = jsii.String(strconv.Itoa(p.ReconcilerMaxConcurrency))
+	}
+	if spec.orphans && p.OrphanCap != nil {
+		env["REAPER_ORPHAN_CAP"] = jsii.String(strconv.FormatFloat(*p.OrphanCap, 'g', -1, 64))
 	}
 	def := model.DefaultTagKeys()
 	for _, t := range []struct{ name, key, def string }{

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -961,6 +962,7 @@ func allOptions() reapercdk.Props {
 		ReconcilerMaxConcurrency: 4,
 		EC2Share:                 0.8,
 		QueueAgeAlarm:            10 * time.Minute,
+		OrphanCap:                jsii.Number(0.25),
 	}
 }
 
@@ -991,6 +993,16 @@ func TestOptions(t *testing.T) {
 				"REAPER_EC2_SHARE": "0.8", "REAPER_RECONCILER_CONCURRENCY": "4",
 			})},
 		})
+		// The orphan cap goes to the functions that find and terminate
+		// orphans, the sweeper and the reconciler, and to no other.
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
+				"REAPER_ORPHAN_CAP": "0.25", "REAPER_EKS_CLUSTER": "prod",
+			})},
+		}, jsii.Number(2))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{"REAPER_ORPHAN_CAP": assertions.Match_Absent()})},
+		}, jsii.Number(2))
 		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
 			"BatchSize": 500, "MaximumBatchingWindowInSeconds": 20, "ScalingConfig": map[string]any{"MaximumConcurrency": 4},
 			"FunctionResponseTypes": []any{"ReportBatchItemFailures"},
@@ -1159,6 +1171,9 @@ func TestValidate(t *testing.T) {
 		"share above 1":      {reapercdk.Props{EKSCluster: "a", EC2Share: 1.5}, "EC2Share 1.5"},
 		"share negative":     {reapercdk.Props{EKSCluster: "a", EC2Share: -0.1}, "EC2Share -0.1"},
 		"queue age":          {reapercdk.Props{EKSCluster: "a", QueueAgeAlarm: 30 * time.Second}, "QueueAgeAlarm 30s"},
+		"orphan cap zero":    {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(0)}, "OrphanCap 0: "},
+		"orphan cap above 1": {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(1.5)}, "OrphanCap 1.5: "},
+		"orphan cap NaN":     {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(math.NaN())}, "OrphanCap NaN: "},
 		"no bootstrap":       {reapercdk.Props{EKSCluster: "a", BuildDir: t.TempDir()}, "exitrecorder/bootstrap is missing: run `make build`"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -1178,6 +1193,8 @@ func TestValidate(t *testing.T) {
 		{KubeconfigSecretArn: "arn:x", ClusterName: "gpu@prod", ExitLogGroupName: "/gpu/exits", MetricsNamespace: "GPU/prod"},
 		{EKSCluster: "a", ReconcilerBatchSize: 10, ReconcilerBatchingWindow: 5 * time.Minute, ReconcilerMaxConcurrency: 1000, EC2Share: 1, MaxReceiveCount: 192},
 		{EKSCluster: "a", ReservedConcurrency: 2, MaxReceiveCount: 1, QueueAgeAlarm: time.Minute},
+		{EKSCluster: "a", OrphanCap: jsii.Number(1)},
+		{EKSCluster: "a", OrphanCap: jsii.Number(0.001)},
 	} {
 		p.BuildDir = cdktest.BuildDir()
 		if err := p.Validate(); err != nil {
