@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -125,6 +126,14 @@ type fakeRun struct {
 	RunFail           string
 	ClientFail        bool // docker run errors out although the container started
 	Vanish            bool
+	// Kill is where the docker double SIGKILLs the wrapper's process group,
+	// the first time only: "wait" (the container runs), "rm-before" (the
+	// container's line is written, the container not yet removed) or
+	// "rm-after" (removed, and nothing done after that).
+	Kill string
+	// ExitedMeanwhile: the container ends while the wrapper killed at
+	// "wait" is away.
+	ExitedMeanwhile bool
 }
 
 func writeFile(t *testing.T, path, body string) {
@@ -205,6 +214,12 @@ func newHarness(t *testing.T, pod Pod, opts Options, runs ...fakeRun) *harness {
 		if r.Vanish {
 			set("vanish", "1")
 		}
+		if r.Kill != "" {
+			set("kill", r.Kill)
+		}
+		if r.ExitedMeanwhile {
+			set("exited_meanwhile", "1")
+		}
 	}
 	h.env = []string{
 		"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH"),
@@ -268,25 +283,131 @@ func shells(t *testing.T) []string {
 // waits for it to exit.
 func (h *harness) run(shell string, wrapper string) {
 	h.t.Helper()
+	if sig := h.start(shell, wrapper); sig != 0 {
+		h.t.Fatalf("wrapper killed by %v; stderr:\n%s", sig, h.stderr)
+	}
+}
+
+// wrapperTimeout bounds one run of the wrapper. The machine running the
+// tests may be busy: a crash loop forks a few hundred processes.
+const wrapperTimeout = 60 * time.Second
+
+// start runs the wrapper once, in a process group of its own as systemd
+// runs it in a cgroup of its own, and returns the signal that killed it (0
+// when it exited). The doubles may kill the whole group with SIGKILL, as
+// the OOM killer and then systemd do. stderr accumulates over the starts.
+func (h *harness) start(shell string, wrapper string) syscall.Signal {
+	h.t.Helper()
 	script := filepath.Join(h.dir, "reaper-wrapper")
 	writeFile(h.t, script, wrapper)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), wrapperTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, shell, "-u", script, h.conf)
-	cmd.Env = h.env
+	cmd.Env = append(append([]string{}, h.env...), "FAKE_OWN_PGRP=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	err := cmd.Run()
-	h.stderr = stderr.String()
+	h.stderr += stderr.String()
 	if ctx.Err() != nil {
 		h.t.Fatalf("wrapper did not finish in time; stderr:\n%s", h.stderr)
 	}
+	if m := shellTrouble.FindString(stderr.String()); m != "" {
+		h.t.Errorf("wrapper stderr has %q:\n%s", m, h.stderr)
+	}
 	h.status = cmd.ProcessState.ExitCode()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return ws.Signal()
+	}
 	if err != nil && h.status < 0 {
 		h.t.Fatalf("wrapper: %v", err)
 	}
-	if m := shellTrouble.FindString(h.stderr); m != "" {
-		h.t.Errorf("wrapper stderr has %q:\n%s", m, h.stderr)
+	return 0
+}
+
+// runUnit runs the wrapper as systemd runs the unit that opts render: once,
+// and again each time the unit's Restart= setting restarts it (recorded as
+// "systemd restart" in the events), at most maxStarts times in all. It
+// returns how many times the wrapper started.
+func (h *harness) runUnit(shell, wrapper string, opts Options, maxStarts int) int {
+	h.t.Helper()
+	u, err := Unit(opts)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	svc := unitSettings(h.t, u, "Service")
+	if got, want := svc["ExecStart"], WrapperPath+" "+ConfigPath; got != want {
+		h.t.Fatalf("unit ExecStart=%q, want %q", got, want)
+	}
+	for n := 1; ; n++ {
+		sig := h.start(shell, wrapper)
+		if !systemdRestarts(h.t, svc["Restart"], h.status, sig) {
+			return n
+		}
+		if n == maxStarts {
+			h.t.Fatalf("wrapper started %d times; stderr:\n%s", n, h.stderr)
+		}
+		appendFile(h.t, filepath.Join(h.fake, "events"), fmt.Sprintf("systemd restart after %ss (%v)\n", svc["RestartSec"], sig))
+	}
+}
+
+// unitSettings returns the settings of one section of a systemd unit.
+func unitSettings(t *testing.T, unit, section string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	in := false
+	for _, l := range strings.Split(unit, "\n") {
+		switch {
+		case strings.HasPrefix(l, "["):
+			in = l == "["+section+"]"
+		case in && l != "" && !strings.HasPrefix(l, "#"):
+			k, v, ok := strings.Cut(l, "=")
+			if !ok {
+				t.Fatalf("unit line %q is not KEY=VALUE", l)
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// systemdRestarts tells whether systemd restarts a service whose main
+// process ended with status, or was killed by sig, under the Restart=
+// setting restart (systemd.service(5), "Exit causes"). SIGHUP, SIGINT,
+// SIGTERM and SIGPIPE are clean signals.
+func systemdRestarts(t *testing.T, restart string, status int, sig syscall.Signal) bool {
+	t.Helper()
+	cleanSig := sig == syscall.SIGHUP || sig == syscall.SIGINT || sig == syscall.SIGTERM || sig == syscall.SIGPIPE
+	clean := (sig == 0 && status == 0) || cleanSig
+	switch restart {
+	case "", "no":
+		return false
+	case "always":
+		return true
+	case "on-success":
+		return clean
+	case "on-failure":
+		return !clean
+	case "on-abnormal", "on-abort":
+		return sig != 0 && !cleanSig
+	}
+	t.Fatalf("unit has Restart=%s, which this test does not know", restart)
+	return false
+}
+
+func appendFile(t *testing.T, path, s string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+	if err == nil {
+		_, err = f.WriteString(s)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -563,7 +563,13 @@ func runtimeUnit(cli string) string {
 	return ""
 }
 
-// Unit returns the systemd unit installed at UnitPath.
+// Unit returns the systemd unit installed at UnitPath. systemd restarts the
+// wrapper when it is killed (Restart=on-failure, 5 s later: a SIGKILL skips
+// the wrapper's traps, so without a restart nothing would report the exit or
+// power the host off), and the wrapper runs with OOMScoreAdjust=-900 so that
+// the kernel's OOM killer takes the workload first. A restarted wrapper adopts
+// the container of the current run, and never writes two lines for one exit
+// or two lines with one restartCount.
 func Unit(opts Options) (string, error) {
 	r, err := opts.resolve()
 	if err != nil {

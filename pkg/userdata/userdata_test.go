@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -500,9 +501,29 @@ func TestUnit(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !strings.Contains(u, "Wants=network-online.target"+strings.TrimSuffix(" "+want, " ")+"\n") ||
-			!strings.Contains(u, "Restart=no\n") || strings.Contains(u, "Requires=") || strings.Contains(u, "BindsTo=") {
+			strings.Contains(u, "Requires=") || strings.Contains(u, "BindsTo=") {
 			t.Errorf("unit for %q:\n%s", cli, u)
 		}
+	}
+}
+
+// systemd restarts a killed wrapper (no trap runs on SIGKILL: no exit line,
+// no power-off), after a pause, and never one that exited (it exits only
+// once it has powered the host off). The OOM killer picks the workload
+// before the wrapper.
+func TestUnitRestartsKilledWrapper(t *testing.T) {
+	t.Parallel()
+	u, err := Unit(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := unitSettings(t, u, "Service")
+	if svc["Restart"] != "on-failure" || svc["RestartSec"] != "5" || svc["OOMScoreAdjust"] != "-900" {
+		t.Errorf("unit [Service] Restart=%q RestartSec=%q OOMScoreAdjust=%q, want on-failure, 5, -900:\n%s",
+			svc["Restart"], svc["RestartSec"], svc["OOMScoreAdjust"], u)
+	}
+	if !systemdRestarts(t, svc["Restart"], -1, syscall.SIGKILL) || systemdRestarts(t, svc["Restart"], 0, 0) {
+		t.Errorf("Restart=%s: want a restart after SIGKILL and none after exit 0", svc["Restart"])
 	}
 }
 

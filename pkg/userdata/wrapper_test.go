@@ -314,6 +314,122 @@ func TestWrapperAdopts(t *testing.T) {
 	}
 }
 
+// The wrapper SIGKILLed while its container runs (the OOM killer, kill -9):
+// no trap runs, so nothing is written and nothing powers off. systemd
+// restarts it as the rendered unit says, and the new wrapper adopts the
+// container, still running or ended meanwhile, instead of running the
+// workload again: the one exit line, then the power-off once it has shipped.
+func TestWrapperKilledWhileRunning(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		meanwhile bool
+		err       string
+		waits     int // docker wait calls
+	}{
+		{"still-running", false, "", 2},
+		{"exited-meanwhile", true, "already exited when the supervisor started", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachShell(t, func(t *testing.T, sh string) {
+				pod := jobPod(RestartNever)
+				opts := Options{Cluster: testCluster}
+				h := newHarness(t, pod, opts, fakeRun{Exit: 3, Kill: "wait", ExitedMeanwhile: tc.meanwhile})
+				if n := h.runUnit(sh, Wrapper(), opts, 3); n != 2 {
+					t.Errorf("wrapper started %d times, want 2 (killed once)", n)
+				}
+				checkLines(t, pod, h.lines(), []line{{run: 1, code: 3, err: tc.err}})
+				want := []string{"docker run reaper-main-0", "docker wait " + fakeCID(1), "kill -9 at wait", "systemd restart after 5s (killed)"}
+				if tc.waits == 2 {
+					want = append(want, "docker wait "+fakeCID(1))
+				}
+				equalStrings(t, "calls", h.events("docker run", "docker wait", "kill", "systemd", "sleep", "shutdown"), append(want, shippedNow...))
+				wantLog(t, h.stderr, "workload is terminal; powering off once the agent has shipped the exit line, at the latest in 600s")
+			})
+		})
+	}
+}
+
+// The wrapper SIGKILLed right after a restart line, before the container
+// is removed (rm-before) or right after (rm-after): the count the line used
+// is already saved, so the restarted wrapper neither reports that exit again
+// nor runs the workload again under that count. Every line's restartCount is
+// greater than the one before.
+func TestWrapperKilledAfterRestartLine(t *testing.T) {
+	t.Parallel()
+	for _, kill := range []string{"rm-before", "rm-after"} {
+		t.Run(kill, func(t *testing.T) {
+			eachShell(t, func(t *testing.T, sh string) {
+				pod := jobPod(RestartOnFailure)
+				opts := Options{Cluster: testCluster}
+				h := newHarness(t, pod, opts, fakeRun{Exit: 1, Kill: kill}, fakeRun{Exit: 0})
+				if n := h.runUnit(sh, Wrapper(), opts, 3); n != 2 {
+					t.Errorf("wrapper started %d times, want 2 (killed once)", n)
+				}
+				lines := h.lines()
+				wantCountsIncrease(t, lines)
+				checkLines(t, pod, lines, []line{{run: 1, code: 1, will: true, backoff: 10}, {run: 2, restart: 1}})
+				want := []string{"docker run reaper-main-0", "docker rm " + fakeCID(1), "kill -9 at " + kill, "systemd restart after 5s (killed)"}
+				if kill == "rm-before" {
+					// The restarted wrapper removes what the killed one left.
+					want = append(want, "docker rm "+fakeCID(1))
+				}
+				equalStrings(t, "calls", h.events("docker run", "docker rm", "kill", "systemd", "shutdown"),
+					append(want, "docker run reaper-main-1", "shutdown -P now"))
+			})
+		})
+	}
+	// Killed after saving the next count, before the line: the container of
+	// that run is still there and its exit unreported; the restarted wrapper
+	// reports it under its own count, then runs the next.
+	t.Run("before-line", func(t *testing.T) {
+		eachShell(t, func(t *testing.T, sh string) {
+			pod := jobPod(RestartOnFailure)
+			h := newHarness(t, pod, Options{}, fakeRun{Exit: 1}, fakeRun{Exit: 0})
+			writeFile(t, filepath.Join(h.state, "restarts"), "1\n")
+			writeFile(t, filepath.Join(h.fake, "runs"), "1\n")
+			writeFile(t, filepath.Join(h.fake, "c", fakeCID(1)), "1")
+			writeFile(t, filepath.Join(h.fake, "c", fakeCID(1)+".status"), "exited")
+			writeFile(t, filepath.Join(h.fake, "n", "reaper-main-0"), fakeCID(1))
+			h.run(sh, Wrapper())
+			checkLines(t, pod, h.lines(), []line{
+				{run: 1, code: 1, will: true, backoff: 10, err: "already exited when the supervisor started"},
+				{run: 2, restart: 1},
+			})
+			equalStrings(t, "calls", h.events("docker run", "docker rm"), []string{"docker rm " + fakeCID(1), "docker run reaper-main-1"})
+		})
+	})
+}
+
+// wantCountsIncrease checks that each line's restartCount is greater than
+// the one before: Reaper takes a line with a count it has seen for a
+// duplicate.
+func wantCountsIncrease(t *testing.T, lines []map[string]any) {
+	t.Helper()
+	last := int64(-1)
+	for i, l := range lines {
+		n, err := l["restartCount"].(json.Number).Int64()
+		if err != nil || n <= last {
+			t.Errorf("line %d: restartCount %v after %d, want a greater one", i, l["restartCount"], last)
+		}
+		last = n
+	}
+}
+
+// Killed while waiting to power off after the final line: the restarted
+// wrapper finds the terminal marker and powers off as soon as the agent has
+// shipped the exit log, not only after the whole delay.
+func TestWrapperKilledWhilePoweringOff(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartNever)
+		h := newHarness(t, pod, Options{}, fakeRun{})
+		writeFile(t, filepath.Join(h.state, "terminal"), "")
+		writeFile(t, h.exit, `{"reaper":"container-exit","v":1,"restartCount":0}`+"\n")
+		h.run(sh, Wrapper())
+		equalStrings(t, "calls", h.events(), shippedNow)
+	})
+}
+
 // A terminal marker from before a reboot: no second run, straight to the
 // power-off.
 func TestWrapperAlreadyTerminal(t *testing.T) {

@@ -10,10 +10,18 @@
 # is terminal: as soon as the agent has shipped the final line
 # (REAPER_SHUTDOWN_MODE=when-shipped), at the latest after the shutdown delay.
 #
+# A SIGKILL (the OOM killer, kill -9) skips every trap: systemd restarts the
+# wrapper (Restart=on-failure), which picks up where the killed one stopped.
+# It adopts the container of the current run, running or exited, instead of
+# starting a second one, and reports its exit unless a line already did (the
+# exit log is the record of what was said). The restart count is saved before
+# the line that uses it: the state file holds N+1 before line N is written,
+# so after a kill at any point no line reuses a count.
+#
 # Configuration: the file named by $1 or REAPER_CONFIG (default
 # /etc/reaper/workload.conf), written by the Reaper user-data.
 # Knobs from the environment [default]:
-#   REAPER_STATE_DIR [/var/lib/reaper]      restart count, terminal marker
+#   REAPER_STATE_DIR [/var/lib/reaper]      next restart count, terminal marker
 #   REAPER_IMDS_URL [http://169.254.169.254] instance metadata (IMDSv2)
 #   REAPER_INSTANCE_ID_FILE [/var/lib/cloud/data/instance-id] IMDS fallback
 #   REAPER_TIME_SCALE [1]                   divides every sleep (tests)
@@ -257,6 +265,18 @@ emit() {
 	log "exit line: $line"
 }
 
+# said TEXT: whether a line of the exit log contains TEXT.
+said() { grep -qF "$1" "$REAPER_EXIT_LOG" 2>/dev/null; }
+
+# shipping: after a final line written before this start, waits in
+# reap_host for the agent to ship the whole exit log, unless its offset is
+# past the log's end (stale).
+shipping() {
+	ship_end=$(size "$REAPER_EXIT_LOG")
+	v0=$(agent_offset) || v0=0
+	[ "$REAPER_SHUTDOWN_MODE" = when-shipped ] && [ "$ship_end" -gt 0 ] && [ "$v0" -le "$ship_end" ] || ship_end=
+}
+
 # reap_host: powers the host off once the workload is terminal (the instance
 # is launched with shutdown behavior terminate). After a final line
 # (ship_end: its end in the exit log), as soon as the agent's offset reaches
@@ -315,8 +335,12 @@ if [ -z "$REAPER_CONTAINER" ] || [ -z "$REAPER_IMAGE" ] || [ -z "$REAPER_POD_JSO
 fi
 if [ -e "$state/terminal" ]; then
 	log "workload already terminal before this start"
+	# Killed while waiting to power off: the final line is in the exit log.
+	shipping
 	reap_host
 fi
+# The state file holds the count of the next run: every line written so far
+# has a lower one.
 restarts=$(cat "$state/restarts" 2>/dev/null) || restarts=0
 int "$restarts" || restarts=0
 backoff=10
@@ -326,11 +350,15 @@ until instance_id || [ "$tries" -ge 5 ]; do
 	tries=$((tries + 1))
 	nap 1
 done
+# Killed between saving count N+1 and removing container N: container N is
+# still there, its exit reported or not. Finish its run first.
+if [ "$restarts" -gt 0 ] && wait_runtime && inspect "reaper-$REAPER_CONTAINER-$((restarts - 1))"; then
+	restarts=$((restarts - 1))
+fi
 
 while :; do
 	name=reaper-$REAPER_CONTAINER-$restarts
 	err='' rr=false cid='' fatal=''
-	printf '%s\n' "$restarts" >"$state/restarts"
 	if ! wait_runtime; then
 		fatal="container runtime did not answer for ${runtime_timeout}s"
 	elif inspect "$name"; then
@@ -354,6 +382,11 @@ while :; do
 	if [ -n "$fatal" ]; then
 		err=$fatal rr=false x_code=-1 x_oom=false x_started=$zero x_finished=$(now)
 	fi
+	# One line per exit, and never two with one count: a killed wrapper's
+	# line for this container may be in the exit log already.
+	told=
+	[ -n "$cid" ] && said "\"containerId\":\"$cid\"" && told=1 && log "exit of $cid already reported"
+	while [ -z "$told" ] && said "\"restartCount\":$restarts,"; do restarts=$((restarts + 1)); done
 
 	will=false
 	case $REAPER_RESTART_POLICY in
@@ -365,20 +398,21 @@ while :; do
 		log "restart limit $REAPER_MAX_RESTARTS reached"
 		will=false
 	fi
+	# The count of the next run goes to disk before this run's line.
+	echo $((restarts + 1)) >"$state/restarts"
 	if [ "$will" = false ]; then
-		emit false
+		if [ -n "$told" ]; then shipping; else emit false; fi
 		: >"$state/terminal"
 		reap_host
 	fi
 
 	# kubelet: a container that ran 10 minutes starts over at the initial delay.
 	[ "$(elapsed "$x_started" "$x_finished")" -ge 600 ] && backoff=10
-	emit true "$backoff"
+	[ -n "$told" ] || emit true "$backoff"
 	if [ -n "$cid" ]; then
 		"$REAPER_CLI" rm -f "$cid" >/dev/null 2>&1 || log "could not remove $cid"
 	fi
 	restarts=$((restarts + 1))
-	printf '%s\n' "$restarts" >"$state/restarts"
 	log "restarting in ${backoff}s (restart $restarts)"
 	nap "$backoff"
 	backoff=$((backoff * 2))

@@ -224,6 +224,14 @@ emit() {
 	log "exit line: $line"
 }
 
+said() { grep -qF "$1" "$REAPER_EXIT_LOG" 2>/dev/null; }
+
+shipping() {
+	ship_end=$(size "$REAPER_EXIT_LOG")
+	v0=$(agent_offset) || v0=0
+	[ "$REAPER_SHUTDOWN_MODE" = when-shipped ] && [ "$ship_end" -gt 0 ] && [ "$v0" -le "$ship_end" ] || ship_end=
+}
+
 reap_host() {
 	if [ -n "$ship_end" ]; then
 		log "workload is terminal; powering off once the agent has shipped the exit line, at the latest in ${REAPER_SHUTDOWN_DELAY}s"
@@ -274,6 +282,7 @@ if [ -z "$REAPER_CONTAINER" ] || [ -z "$REAPER_IMAGE" ] || [ -z "$REAPER_POD_JSO
 fi
 if [ -e "$state/terminal" ]; then
 	log "workload already terminal before this start"
+	shipping
 	reap_host
 fi
 restarts=$(cat "$state/restarts" 2>/dev/null) || restarts=0
@@ -285,11 +294,13 @@ until instance_id || [ "$tries" -ge 5 ]; do
 	tries=$((tries + 1))
 	nap 1
 done
+if [ "$restarts" -gt 0 ] && wait_runtime && inspect "reaper-$REAPER_CONTAINER-$((restarts - 1))"; then
+	restarts=$((restarts - 1))
+fi
 
 while :; do
 	name=reaper-$REAPER_CONTAINER-$restarts
 	err='' rr=false cid='' fatal=''
-	printf '%s\n' "$restarts" >"$state/restarts"
 	if ! wait_runtime; then
 		fatal="container runtime did not answer for ${runtime_timeout}s"
 	elif inspect "$name"; then
@@ -312,6 +323,9 @@ while :; do
 	if [ -n "$fatal" ]; then
 		err=$fatal rr=false x_code=-1 x_oom=false x_started=$zero x_finished=$(now)
 	fi
+	told=
+	[ -n "$cid" ] && said "\"containerId\":\"$cid\"" && told=1 && log "exit of $cid already reported"
+	while [ -z "$told" ] && said "\"restartCount\":$restarts,"; do restarts=$((restarts + 1)); done
 
 	will=false
 	case $REAPER_RESTART_POLICY in
@@ -323,19 +337,19 @@ while :; do
 		log "restart limit $REAPER_MAX_RESTARTS reached"
 		will=false
 	fi
+	echo $((restarts + 1)) >"$state/restarts"
 	if [ "$will" = false ]; then
-		emit false
+		if [ -n "$told" ]; then shipping; else emit false; fi
 		: >"$state/terminal"
 		reap_host
 	fi
 
 	[ "$(elapsed "$x_started" "$x_finished")" -ge 600 ] && backoff=10
-	emit true "$backoff"
+	[ -n "$told" ] || emit true "$backoff"
 	if [ -n "$cid" ]; then
 		"$REAPER_CLI" rm -f "$cid" >/dev/null 2>&1 || log "could not remove $cid"
 	fi
 	restarts=$((restarts + 1))
-	printf '%s\n' "$restarts" >"$state/restarts"
 	log "restarting in ${backoff}s (restart $restarts)"
 	nap "$backoff"
 	backoff=$((backoff * 2))
@@ -384,18 +398,16 @@ umask 022
 cat >"$root/etc/systemd/system/reaper-workload.service" <<'REAPER_EOF'
 [Unit]
 Description=Reaper workload supervisor (runs the Pod's container, reports its exits)
-# Wants, never Requires/BindsTo/PartOf: a restart of the container runtime
-# must not stop the supervisor; the wrapper waits for the runtime itself.
 Wants=network-online.target docker.service
 After=network-online.target docker.service amazon-cloudwatch-agent.service
 
 [Service]
 Type=simple
-# The docker CLI reads registry credentials (e.g. the ECR helper) from ~/.docker.
 Environment=HOME=/root
 ExecStart=/usr/local/bin/reaper-wrapper /etc/reaper/workload.conf
-# The wrapper restarts the container as the restartPolicy says; systemd must not.
-Restart=no
+Restart=on-failure
+RestartSec=5
+OOMScoreAdjust=-900
 
 [Install]
 WantedBy=multi-user.target
