@@ -64,7 +64,8 @@ type StatusWriter struct {
 	Log *slog.Logger
 	// Metrics counts the Events that could not be posted
 	// (metrics.EventsNotPosted); nil counts nothing.
-	Metrics *metrics.Recorder
+	Metrics  *metrics.Recorder
+	identity identity
 }
 
 // NewStatusWriter returns a writer over a core/v1 client (NewClient).
@@ -292,10 +293,14 @@ const maxNameLength = 253
 // subdomain, and the hash keeps it unique.
 func eventName(pod *corev1.Pod, o model.Outcome) string {
 	sum := sha256.Sum256([]byte(string(pod.UID) + "/" + o.Key()))
-	suffix := "." + hex.EncodeToString(sum[:8])
-	prefix := pod.Name
-	if len(prefix) > maxNameLength-len(suffix) {
-		prefix = strings.TrimRight(prefix[:maxNameLength-len(suffix)], "-.")
+	return shortName(pod.Name, "."+hex.EncodeToString(sum[:8]))
+}
+
+// shortName is name and suffix, name cut short where the whole would
+// exceed maxNameLength.
+func shortName(name, suffix string) string {
+	if len(name) > maxNameLength-len(suffix) {
+		name = strings.TrimRight(name[:maxNameLength-len(suffix)], "-.")
 	}
-	return prefix + suffix
+	return name + suffix
 }
