@@ -9,6 +9,7 @@ package fakes
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -109,6 +110,8 @@ type World struct {
 	// bucket runs out before the deadline.
 	NoTokens    bool
 	DescribeErr error
+	// Protected instances are refused by Terminate (OperationNotPermitted).
+	Protected map[string]bool
 	// TerminateShare and DescribeShare, when set, are how many instances
 	// one Terminate or Describe reaches before its share of the bucket runs
 	// out; it defers the rest (instances.Deferred).
@@ -116,6 +119,34 @@ type World struct {
 	// ApplyDelay is how long each Pod write takes; a write whose context
 	// ends first fails with the context's error.
 	ApplyDelay time.Duration
+	// Identity is the cluster identity its Pods are read from (""
+	// answers ClusterUID); IdentityErr fails reading it.
+	Identity    string
+	IdentityErr error
+}
+
+// ClusterUID is the cluster identity of a World by default, which the
+// instances of its cluster carry.
+const ClusterUID = "6c1a0000-0000-4000-8000-00000000c1d0"
+
+func (w *World) ClusterIdentity(context.Context) (string, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.IdentityErr != nil {
+		return "", w.IdentityErr
+	}
+	if w.Identity == "" {
+		return ClusterUID, nil
+	}
+	return w.Identity, nil
+}
+
+// Warn logs "warn <ns/name> <reason> <instance>".
+func (w *World) Warn(_ context.Context, ref model.PodRef, instance, reason, _ string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.Log = append(w.Log, "warn "+ref.String()+" "+reason+" "+instance)
+	return nil
 }
 
 // NewWorld is a world of the given instances and no Pods.
@@ -192,8 +223,15 @@ func (w *World) Terminate(_ context.Context, ids []string, _ map[string]instance
 	ids, deferred := share(ids, w.TerminateShare)
 	w.Log = append(w.Log, fmt.Sprint("terminate ", ids))
 	out := map[string]instances.Termination{}
+	refusals := instances.Refusals{}
 	for _, id := range ids {
 		out[id] = instances.Terminating
+		if w.Protected[id] {
+			out[id], refusals[id] = instances.Refused, "OperationNotPermitted"
+		}
+	}
+	if len(refusals) > 0 {
+		return out, errors.Join(refusals, deferred)
 	}
 	return out, deferred
 }

@@ -29,11 +29,16 @@ type Config struct {
 	// OrphanGrace is how old a managed instance with no live Pod must be
 	// before the sweep terminates it (REAPER_ORPHAN_GRACE, default 15m).
 	OrphanGrace time.Duration
+	// OrphanCap is the most a sweep terminates as orphans, as a part of the
+	// owned instances running (REAPER_ORPHAN_CAP, default 0.1, in (0, 1]):
+	// a wrong Kubernetes endpoint makes every instance look orphaned.
+	OrphanCap float64
 	// TerminateStopped terminates managed instances that stop
 	// (REAPER_TERMINATE_STOPPED, default true).
 	TerminateStopped bool
 	// Tags are the instance tag keys (REAPER_TAG_MANAGED, REAPER_TAG_CLUSTER,
-	// REAPER_TAG_POD_NAMESPACE, REAPER_TAG_POD_NAME, REAPER_TAG_POD_UID).
+	// REAPER_TAG_POD_NAMESPACE, REAPER_TAG_POD_NAME, REAPER_TAG_POD_UID,
+	// REAPER_TAG_CLUSTER_UID).
 	Tags model.TagKeys
 	// Kube says how to reach the Kubernetes API: exactly one of
 	// REAPER_EKS_CLUSTER, REAPER_KUBECONFIG_SECRET or KUBECONFIG.
@@ -79,6 +84,7 @@ const (
 	DefaultExitWait              = 3 * time.Minute
 	DefaultOrphanGrace           = 15 * time.Minute
 	DefaultEC2Share              = 0.5
+	DefaultOrphanCap             = 0.1
 	DefaultReconcilerConcurrency = 2
 )
 
@@ -104,6 +110,7 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		Cluster:               getenv("REAPER_CLUSTER"),
 		ExitWait:              DefaultExitWait,
 		OrphanGrace:           DefaultOrphanGrace,
+		OrphanCap:             DefaultOrphanCap,
 		TerminateStopped:      true,
 		Tags:                  model.DefaultTagKeys(),
 		MetricsNamespace:      metrics.DefaultNamespace,
@@ -135,6 +142,7 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		parse(getenv, "REAPER_TERMINATE_STOPPED", &c.TerminateStopped, strconv.ParseBool),
 		parse(getenv, "REAPER_EXIT_WAIT", &c.ExitWait, positiveDuration),
 		parse(getenv, "REAPER_ORPHAN_GRACE", &c.OrphanGrace, positiveDuration),
+		parse(getenv, "REAPER_ORPHAN_CAP", &c.OrphanCap, share),
 		parse(getenv, "REAPER_LOG_LEVEL", &c.LogLevel, logLevel),
 	)
 	if v := getenv(metrics.NamespaceEnv); v != "" {
@@ -149,6 +157,7 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		{"REAPER_TAG_POD_NAMESPACE", &c.Tags.PodNamespace},
 		{"REAPER_TAG_POD_NAME", &c.Tags.PodName},
 		{"REAPER_TAG_POD_UID", &c.Tags.PodUID},
+		{"REAPER_TAG_CLUSTER_UID", &c.Tags.ClusterUID},
 	} {
 		if v := getenv(t.name); v != "" {
 			*t.key = v

@@ -30,6 +30,9 @@ type Instance struct {
 	Managed bool
 	// Cluster is the cluster tag's value.
 	Cluster string
+	// ClusterUID is the cluster identity tag's value: the UID of the
+	// kube-system namespace of the cluster the provider launched it for.
+	ClusterUID string
 	// Owned: managed, and the cluster tag names this deployment's cluster.
 	Owned      bool
 	Pod        model.PodRef
@@ -140,6 +143,8 @@ func (f *Fleet) instance(i types.Instance) Instance {
 			out.Managed = v == "true"
 		case f.keys.Cluster:
 			out.Cluster = v
+		case f.keys.ClusterUID:
+			out.ClusterUID = v
 		case f.keys.PodNamespace:
 			out.Pod.Namespace = v
 		case f.keys.PodName:
@@ -396,9 +401,4 @@ func refused(err error) bool {
 // refusing it.
 func forLater(err error) bool {
 	return errors.Is(err, ErrNoTokens) || refused(err)
-}
-
-func isNotFound(err error) bool {
-	var ae smithy.APIError
-	return errors.As(err, &ae) && ae.ErrorCode() == "InvalidInstanceID.NotFound"
 }

@@ -89,7 +89,11 @@ type Record struct {
 	// Terminated is when Reaper's terminate request for the instance
 	// succeeded (or found it already gone).
 	Terminated time.Time `dynamodbav:"terminated,omitempty" json:"terminated,omitempty"`
-	UpdatedAt  time.Time `dynamodbav:"updatedAt" json:"updatedAt,omitempty"`
+	// TerminateRefused is EC2's last refusal to terminate the instance
+	// (termination protection, a policy): Reaper asks again only after a
+	// while, not on every sweep.
+	TerminateRefused *Refusal  `dynamodbav:"terminateRefused,omitempty" json:"terminateRefused,omitempty"`
+	UpdatedAt        time.Time `dynamodbav:"updatedAt" json:"updatedAt,omitempty"`
 	// Pending is set while the record may need work (PendingIndex).
 	Pending string `dynamodbav:"pending,omitempty" json:"pending,omitempty"`
 	// Unverified is set on records older versions wrote from a line that
@@ -170,6 +174,13 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.Pod
 	return rec, nil
 }
 
+// Refusal is EC2's refusal to terminate an instance: its error code, and
+// when.
+type Refusal struct {
+	Code string    `dynamodbav:"code" json:"code"`
+	At   time.Time `dynamodbav:"at" json:"at"`
+}
+
 // StateChange is an EC2 state an instance reached.
 type StateChange struct {
 	State string
@@ -224,6 +235,9 @@ type Done struct {
 	PodSynced string
 	// Terminated is set when the instance was terminated (or found gone).
 	Terminated bool
+	// Refused is EC2's error code when it refused to terminate the
+	// instance ("" = it did not).
+	Refused string
 	// Pod, when set, names the instance's Pod if the record has none yet
 	// (an orphan terminated by the sweep has no record before).
 	Pod model.PodRef
@@ -248,6 +262,9 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	if d.Pod != (model.PodRef{}) {
 		update = update.Set(expression.Name("pod"), expression.Name("pod").IfNotExists(expression.Value(d.Pod)))
 	}
+	if d.Refused != "" {
+		update = update.Set(expression.Name("terminateRefused"), expression.Value(Refusal{Code: d.Refused, At: now}))
+	}
 	builder := expression.NewBuilder()
 	if d.Settled {
 		version := expression.Name("version")
@@ -264,7 +281,7 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
 		// Work was recorded since the read: mark the steps, stay pending.
-		return t.MarkDone(ctx, instanceID, Done{PodSynced: d.PodSynced, Terminated: d.Terminated, Pod: d.Pod})
+		return t.MarkDone(ctx, instanceID, Done{PodSynced: d.PodSynced, Terminated: d.Terminated, Refused: d.Refused, Pod: d.Pod})
 	}
 	if err != nil {
 		return fmt.Errorf("ledger mark done %s: %w", instanceID, err)

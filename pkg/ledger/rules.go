@@ -64,6 +64,9 @@ func WithDone(rec Record, id string, d Done, now time.Time) Record {
 	if d.Terminated && rec.Terminated.IsZero() {
 		rec.Terminated = now
 	}
+	if d.Refused != "" {
+		rec.TerminateRefused = &Refusal{Code: d.Refused, At: now}
+	}
 	if rec.Pod == (model.PodRef{}) {
 		rec.Pod = d.Pod
 	}

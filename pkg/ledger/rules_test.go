@@ -76,6 +76,7 @@ func TestRulesMatchTable(t *testing.T) {
 				want, ok = WithState(want, id, pod, sc, clock)
 			default:
 				d := Done{PodSynced: []string{"", "exit/0", model.OutcomeLost}[rng.IntN(3)], Terminated: rng.IntN(2) == 0,
+					Refused: []string{"", "", "OperationNotPermitted"}[rng.IntN(3)],
 					Settled: rng.IntN(2) == 0, Version: want.Version - int64(rng.IntN(2))}
 				if rng.IntN(3) == 0 {
 					d.Pod = pods[rng.IntN(len(pods))]

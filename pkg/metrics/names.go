@@ -60,6 +60,10 @@ const (
 	// example termination protection), by ReasonDim (the EC2 error code).
 	// Reaper stops asking until the sweep finds them again.
 	TerminationsRefused = "TerminationsRefused"
+	// StateChangesRefused: state changes Reaper did not record, by
+	// ReasonDim: EC2 describes the instance running (the message claimed
+	// it gone), or the change lies in the future.
+	StateChangesRefused = "StateChangesRefused"
 	// WorkItemsRetried: pending work (a Pod write, a termination) tried
 	// again after an earlier attempt failed.
 	WorkItemsRetried = "WorkItemsRetried"
@@ -106,6 +110,9 @@ const (
 	ReasonInstanceUnknown  = "instance-unknown"
 	ReasonNoPodTags        = "no-pod-tags"
 	ReasonPodMismatch      = "pod-mismatch"
+	// Values on StateChangesRefused.
+	ReasonNotConfirmed = "not-confirmed"
+	ReasonInFuture     = "in-future"
 )
 
 // Values of OutcomeDim on PodsFinalized.
@@ -138,6 +145,7 @@ var Definitions = []Definition{
 	{OrphansHeldBack, Count, "", "Orphans held back by the cap"},
 	{ClusterIdentityMismatch, Count, "", "Instances of another cluster identity"},
 	{TerminationsRefused, Count, ReasonDim, "Terminations refused by EC2, by reason"},
+	{StateChangesRefused, Count, ReasonDim, "State changes refused, by reason"},
 	{WorkItemsRetried, Count, "", "Work items retried"},
 	{WorkItemsQueued, Count, "", "Instances handed to the work queue"},
 	{WorkItemsDeferred, Count, "", "Instances deferred by EC2 pacing"},

@@ -19,6 +19,10 @@ type Policy struct {
 	// TerminateStopped terminates managed instances that stop: a stopped
 	// one-Pod instance does no work but still bills its volumes.
 	TerminateStopped bool
+	// OrphanCap is the most a sweep terminates as orphans, as a part of the
+	// owned instances running (0: no cap). The rest stay running, counted
+	// (metrics.OrphansHeldBack), until a later sweep.
+	OrphanCap float64
 }
 
 // Plan is what must happen for one instance. The zero Plan does nothing.
@@ -29,8 +33,16 @@ type Plan struct {
 	Terminate bool
 	// WaitUntil is set when the instance is gone without an exit line and
 	// the exit-wait window is still open: nothing is decided before then.
+	// It is also when an instance EC2 refused to terminate is asked for
+	// again.
 	WaitUntil time.Time
 }
+
+// RefusalBackoff is how long after EC2 refused to terminate an instance
+// (termination protection, a policy) Reaper asks again: an operator's
+// protection is meant to hold, and asking every minute would only spend
+// the account's tokens.
+const RefusalBackoff = time.Hour
 
 // Decide returns the plan for an instance's record at time now. Steps the
 // record marks done are never planned again.
@@ -46,8 +58,14 @@ func Decide(rec ledger.Record, now time.Time, p Policy) Plan {
 	// Whether the instance is already on its way out is EC2's to say, not
 	// the ledger's: the terminate step asks it (one lookup) and counts an
 	// instance already gone as done.
-	if rec.Terminated.IsZero() {
-		plan.Terminate = wantTerminated(rec, p)
+	if rec.Terminated.IsZero() && wantTerminated(rec, p) {
+		if r := rec.TerminateRefused; r != nil && now.Before(r.At.Add(RefusalBackoff)) {
+			if retry := r.At.Add(RefusalBackoff); retry.After(plan.WaitUntil) {
+				plan.WaitUntil = retry
+			}
+		} else {
+			plan.Terminate = true
+		}
 	}
 	return plan
 }

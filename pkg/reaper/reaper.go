@@ -26,10 +26,13 @@ type Ledger interface {
 }
 
 // Pods reads Pods, a batch at a time, and writes their status from what
-// was read (package kube).
+// was read (package kube). ClusterIdentity says which cluster they are
+// read from; Warn tells a Pod's owner what Reaper could not do.
 type Pods interface {
 	ReadMany(ctx context.Context, refs []model.PodRef) (map[model.PodRef]kube.Snapshot, error)
 	ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome) (kube.Result, error)
+	ClusterIdentity(ctx context.Context) (string, error)
+	Warn(ctx context.Context, ref model.PodRef, instance, reason, message string) error
 }
 
 // Fleet reads and terminates EC2 instances (package instances).
@@ -90,6 +93,8 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 	type work struct {
 		view            ledger.Record
 		podErr, termErr error
+		// refused is EC2's code when it refused to terminate the instance.
+		refused string
 	}
 	reps, errs, works := make([]Report, len(recs)), make([]error, len(recs)), make([]work, len(recs))
 	settleCtx, cancelSettle := p.settleContext(ctx)
@@ -158,11 +163,15 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 		out, err := r.Fleet.Terminate(termCtx, ending, known)
 		err = outOfTime(termCtx, err)
 		cancelTerm()
+		var refusals instances.Refusals
+		errors.As(err, &refusals)
 		for _, i := range live {
 			if reps[i].Plan.Terminate {
-				reps[i].TerminateResult = out[recs[i].InstanceID]
-				if reps[i].TerminateResult == "" {
+				switch reps[i].TerminateResult = out[recs[i].InstanceID]; reps[i].TerminateResult {
+				case "":
 					works[i].termErr = cmp.Or(err, errNoTime)
+				case instances.Refused:
+					works[i].refused = refusals[recs[i].InstanceID]
 				}
 			}
 		}
@@ -174,7 +183,10 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 	_ = forEach(settleCtx, ledgerWorkers, live, func(i int) error {
 		rep, w := reps[i], works[i]
 		var markErr error
-		if done, write := r.done(w.view, rep.Plan, w.podErr, w.termErr); write {
+		if w.refused != "" {
+			r.terminationRefused(settleCtx, rep.InstanceID, w.view.Pod, w.refused)
+		}
+		if done, write := r.done(w.view, rep.Plan, w.podErr, w.termErr, w.refused); write {
 			markErr = outOfTime(settleCtx, r.Ledger.MarkDone(settleCtx, rep.InstanceID, done))
 		}
 		r.recordSteps(w.view, rep)
@@ -253,21 +265,44 @@ func (r *Reaper) reject(ctx context.Context, rec ledger.Record, inst instances.I
 }
 
 // done is what the ledger must learn after the steps: the steps that
-// succeeded and whether the record is settled (it then leaves the pending
-// index). write is false when that changes nothing.
-func (r *Reaper) done(rec ledger.Record, plan Plan, podErr, termErr error) (done ledger.Done, write bool) {
+// succeeded, EC2's refusal to terminate (refused, its code), and whether
+// the record is settled (it then leaves the pending index). write is false
+// when that changes nothing. A refused instance stays pending: Decide asks
+// for it again after RefusalBackoff.
+func (r *Reaper) done(rec ledger.Record, plan Plan, podErr, termErr error, refused string) (done ledger.Done, write bool) {
 	after := rec
 	if plan.Pod != nil && podErr == nil {
 		done.PodSynced, after.PodSynced = plan.Pod.Key(), plan.Pod.Key()
 	}
-	if plan.Terminate && termErr == nil {
+	switch {
+	case !plan.Terminate || termErr != nil:
+	case refused != "":
+		done.Refused, after.TerminateRefused = refused, &ledger.Refusal{Code: refused, At: r.Now()}
+	default:
 		done.Terminated, after.Terminated = true, r.Now()
 	}
 	next := Decide(after, r.Now(), r.Policy)
 	done.Settled = next.Pod == nil && !next.Terminate && next.WaitUntil.IsZero()
 	done.Version = rec.Version
-	write = done.PodSynced != "" || done.Terminated || done.Settled == (rec.Pending != "")
+	write = done.PodSynced != "" || done.Terminated || done.Refused != "" || done.Settled == (rec.Pending != "")
 	return done, write
+}
+
+// terminationRefused reports an instance EC2 would not terminate
+// (termination protection, a policy): a warning, a count by EC2's code,
+// and an Event on its Pod, whose owner is the one to know. Reaper asks
+// again after RefusalBackoff.
+func (r *Reaper) terminationRefused(ctx context.Context, id string, pod model.PodRef, code string) {
+	r.Metrics.By(metrics.Reason(code)).Count(metrics.TerminationsRefused, 1)
+	r.Log.LogAttrs(ctx, slog.LevelWarn, "termination refused", slog.String("instance", id), slog.String("pod", pod.String()),
+		slog.String("code", code), slog.Duration("askAgainIn", RefusalBackoff))
+	if pod.UID == "" {
+		return
+	}
+	msg := fmt.Sprintf("EC2 refused to terminate instance %s (%s): it keeps running and billing. Termination protection (disableApiTermination) or a policy denying ec2:TerminateInstances does this; Reaper asks again in %s.", id, code, RefusalBackoff)
+	if err := r.Pods.Warn(ctx, pod, id, "TerminationRefused", msg); err != nil {
+		r.Log.LogAttrs(ctx, slog.LevelWarn, "event not posted", slog.String("instance", id), slog.String("error", err.Error()))
+	}
 }
 
 // flushMetrics writes what the invocation recorded; a failed write is

@@ -12,6 +12,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
@@ -191,6 +192,9 @@ type batchRun struct {
 	// later are the instances whose work is deferred, with why; nothing
 	// else is done for them in this batch.
 	later map[string]error
+	// asked are the instances EC2 was asked about and answered for: those
+	// absent from its answer it no longer knows.
+	asked map[string]bool
 }
 
 // settled says whether id's work is decided for this batch: failed or
@@ -247,6 +251,7 @@ func (b *batchRun) lookup(ctx context.Context, ids []string, records map[string]
 		}
 	}
 	b.sum.Lookups = len(lookup)
+	b.asked = map[string]bool{}
 	if len(lookup) == 0 {
 		return map[string]instances.Instance{}
 	}
@@ -258,6 +263,11 @@ func (b *batchRun) lookup(ctx context.Context, ids []string, records map[string]
 		b.fail(ctx, deferred.IDs, fmt.Errorf("check %d instances against their tags: %w", len(deferred.IDs), err))
 	default:
 		b.fail(ctx, lookup, fmt.Errorf("check %d instances against their tags: %w", len(lookup), err))
+	}
+	for _, id := range lookup {
+		if !b.settled(id) {
+			b.asked[id] = true
+		}
 	}
 	if known == nil {
 		known = map[string]instances.Instance{}
@@ -311,7 +321,9 @@ func indices[T any](s []T) []int {
 // apply records what an instance's messages report and returns its record
 // if there is one to reconcile. State changes of instances that are not
 // this deployment's, and exit claims the instance's tags do not back, are
-// logged and dropped.
+// logged and dropped. What a message says of the instance's state is
+// checked against EC2's own answer (confirmedState), and a time in the
+// future beyond the clock skew a host may have is refused.
 func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, records map[string]ledger.Record, known map[string]instances.Instance, b *batchRun) (*ledger.Record, error) {
 	rec, haveRecord := records[id]
 	inst, described := known[id]
@@ -321,15 +333,16 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 			slog.Bool("managed", inst.Managed), slog.String("cluster", inst.Cluster))
 		for _, it := range items {
 			if it.Kind == workqueue.KindExit {
-				if err := r.rejectClaim(ctx, id, *it.Pod, rec, inst, described); err != nil {
+				if err := r.rejectClaim(ctx, id, *it.Pod, rec, distrust(inst, described, *it.Pod), inst); err != nil {
 					return nil, err
 				}
 			}
 		}
 		return nil, nil
 	}
+	items = r.notInFuture(ctx, id, items)
 	var reconcile bool
-	if sc, ok := newestState(items); ok && (described || haveRecord) { // else not ours as far as anyone knows
+	if sc, ok := r.confirmedState(ctx, id, items, rec, haveRecord, inst, described, b.asked[id]); ok {
 		next, write := rec, true
 		if haveRecord {
 			next, write = r.stateChanges(rec, id, inst.Pod, &sc)
@@ -346,8 +359,8 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 	for _, it := range items {
 		switch it.Kind {
 		case workqueue.KindExit:
-			if distrust(inst, described, *it.Pod) != "" {
-				if err := r.rejectClaim(ctx, id, *it.Pod, rec, inst, described); err != nil {
+			if reason := claimDistrust(*it.Pod, inst, described, rec, haveRecord); reason != "" {
+				if err := r.rejectClaim(ctx, id, *it.Pod, rec, reason, inst); err != nil {
 					return nil, err
 				}
 				continue
@@ -369,6 +382,97 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 		return nil, nil
 	}
 	return &rec, nil
+}
+
+// notInFuture is items without those whose time lies further ahead than
+// the clock skew a host may have (exitline.MaxClockSkew): a state change
+// dated in the future would keep every real one from being recorded, and
+// an exit so dated is a forgery. Each is logged and counted.
+func (r *Reaper) notInFuture(ctx context.Context, id string, items []workqueue.Item) []workqueue.Item {
+	limit := r.Now().Add(exitline.MaxClockSkew)
+	return slices.DeleteFunc(slices.Clone(items), func(it workqueue.Item) bool {
+		var at time.Time
+		switch it.Kind {
+		case workqueue.KindState:
+			at = it.At
+		case workqueue.KindExit:
+			at = it.Exit.FinishedAt
+		default:
+			return false
+		}
+		if !at.After(limit) {
+			return false
+		}
+		if it.Kind == workqueue.KindExit {
+			r.Metrics.By(metrics.Reason(metrics.ReasonFinishedInFuture)).Count(metrics.LinesRejected, 1)
+		} else {
+			r.Metrics.By(metrics.Reason(metrics.ReasonInFuture)).Count(metrics.StateChangesRefused, 1)
+		}
+		r.Log.LogAttrs(ctx, slog.LevelWarn, "work item in the future", slog.String("instance", id),
+			slog.String("kind", string(it.Kind)), slog.Time("at", at), slog.Duration("maxSkew", exitline.MaxClockSkew))
+		return true
+	})
+}
+
+// confirmedState is the state change to record for an instance, if any:
+// what EC2 says, never what a message claims. Any principal that can reach
+// the queue could claim "stopped" of a running instance and have it
+// terminated, or date a state in the future.
+//   - EC2 described the instance: its state is the one described; a
+//     message's time is kept when the message agrees on whether the
+//     instance is gone (it says since when), and a message claiming gone
+//     an instance EC2 describes running is refused.
+//   - EC2 was asked and no longer knows it (terminated over an hour ago):
+//     a record kept for it, with no gone state yet, is gone now (or since
+//     a message said so), so its Pod ends, lost after the window if no
+//     exit comes. No record is made for an instance nobody knows.
+//   - EC2 was not asked (a record Reaper checked and terminated, whose
+//     messages are state changes only): a gone state is what Reaper's own
+//     terminate makes true; nothing else is recorded.
+func (r *Reaper) confirmedState(ctx context.Context, id string, items []workqueue.Item, rec ledger.Record, haveRecord bool, inst instances.Instance, described, asked bool) (ledger.StateChange, bool) {
+	claimed, claims := newestState(items)
+	switch {
+	case described:
+		if !claims {
+			return ledger.StateChange{}, false
+		}
+		sc := ledger.StateChange{State: inst.State, At: r.Now(), Rank: model.StateRank(inst.State), Gone: model.IsGone(inst.State)}
+		if claimed.Gone && !sc.Gone {
+			r.Metrics.By(metrics.Reason(metrics.ReasonNotConfirmed)).Count(metrics.StateChangesRefused, 1)
+			r.Log.LogAttrs(ctx, slog.LevelWarn, "state change not confirmed", slog.String("instance", id),
+				slog.String("claimed", claimed.State), slog.String("described", inst.State))
+			return ledger.StateChange{}, false
+		}
+		if claimed.Gone == sc.Gone && !claimed.At.After(sc.At) {
+			sc.At = claimed.At
+		}
+		return sc, true
+	case asked && haveRecord && !rec.Unverified && rec.Gone == nil:
+		sc := ledger.StateChange{State: model.StateTerminated, At: r.Now(), Rank: model.StateRank(model.StateTerminated), Gone: true}
+		if claims && claimed.Gone && !claimed.At.After(sc.At) {
+			sc.At = claimed.At
+		}
+		r.Log.LogAttrs(ctx, slog.LevelWarn, "instance no longer known to EC2", slog.String("instance", id), slog.String("pod", rec.Pod.String()))
+		return sc, true
+	case claims && haveRecord && claimed.Gone:
+		return claimed, true
+	}
+	return ledger.StateChange{}, false
+}
+
+// claimDistrust says why an exit claim is not to be believed, or "". The
+// instance's launch tags decide while EC2 describes it. Once EC2 no longer
+// knows it, a record checked against those tags while it did backs a
+// claim of the Pod it names: the exit of a Pod whose lookups failed until
+// EC2 forgot its instance still counts.
+func claimDistrust(pod model.PodRef, inst instances.Instance, described bool, rec ledger.Record, haveRecord bool) string {
+	if described {
+		return distrust(inst, described, pod)
+	}
+	if haveRecord && !rec.Unverified && rec.Pod.UID != "" && rec.Pod == pod {
+		return ""
+	}
+	return DistrustUnknown
 }
 
 // newestState is the newest of the state changes among items: applied in
@@ -410,11 +514,10 @@ func (r *Reaper) stateChanges(rec ledger.Record, id string, pod model.PodRef, sc
 }
 
 // rejectClaim logs and counts an exit claim the instance's tags do not
-// back. If the record holds the claim unverified (the exitrecorder wrote
-// it), the record is settled untouched: nothing acts on it, and no sweep
-// comes back to it.
-func (r *Reaper) rejectClaim(ctx context.Context, id string, pod model.PodRef, rec ledger.Record, inst instances.Instance, described bool) error {
-	reason := distrust(inst, described, pod)
+// back, for reason. If the record holds the claim unverified (an older
+// exitrecorder wrote it), the record is settled untouched: nothing acts on
+// it, and no sweep comes back to it.
+func (r *Reaper) rejectClaim(ctx context.Context, id string, pod model.PodRef, rec ledger.Record, reason string, inst instances.Instance) error {
 	r.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, 1)
 	r.Log.LogAttrs(ctx, slog.LevelWarn, "exit line not believed", slog.String("instance", id),
 		slog.String("reason", reason), slog.String("claimed", pod.String()), slog.String("claimedUID", pod.UID),
@@ -426,22 +529,24 @@ func (r *Reaper) rejectClaim(ctx context.Context, id string, pod model.PodRef, r
 }
 
 // terminateOrphans ends the instances the sweeper found running without a
-// live Pod, once it is clear they still are: owned, running, no terminal
-// exit in the ledger, and the Pod they were launched for deleted, replaced
-// or finished (read again now). It returns the errors of the orphans whose
-// work is not done.
+// live Pod, once it is clear they still are: owned, running, launched for
+// the cluster Reaper reaches (sameCluster), no believed terminal exit in
+// the ledger nor a recent refusal, and the Pod they were launched for
+// deleted, replaced or finished (read again now). It returns the errors of
+// the orphans whose work is not done.
 func (r *Reaper) terminateOrphans(ctx context.Context, p phases, ids []string, records map[string]ledger.Record, known map[string]instances.Instance, sum *BatchSummary) map[string]error {
 	errs := map[string]error{}
-	var candidates []string
+	var candidates []instances.Instance
 	for _, id := range ids {
 		inst, ok := known[id]
 		if !ok || !inst.Owned || (inst.State != model.StateRunning && inst.State != model.StatePending) || inst.Pod.UID == "" {
 			continue
 		}
-		if rec, ok := records[id]; ok && rec.Exit != nil && rec.Exit.Terminal() {
-			continue // its record ends it
+		rec, haveRecord := records[id]
+		if endedByRecord(rec, haveRecord, inst) || refusedLately(rec, haveRecord, r.Now()) {
+			continue // its record ends it, or EC2 refused it lately
 		}
-		candidates = append(candidates, id)
+		candidates = append(candidates, inst)
 		errs[id] = errNoTime // until its Pod is read
 	}
 	if len(candidates) == 0 {
@@ -449,14 +554,27 @@ func (r *Reaper) terminateOrphans(ctx context.Context, p phases, ids []string, r
 	}
 	workCtx, cancel := withDeadline(ctx, p.work)
 	defer cancel()
-	refs := make([]model.PodRef, len(candidates))
-	for i, id := range candidates {
-		refs[i] = known[id].Pod
+	same, _, err := r.sameCluster(workCtx, candidates)
+	if err != nil {
+		for _, inst := range candidates {
+			errs[inst.ID] = outOfTime(workCtx, err)
+		}
+		return errs
+	}
+	for _, inst := range candidates {
+		delete(errs, inst.ID)
+	}
+	for _, inst := range same {
+		errs[inst.ID] = errNoTime
+	}
+	refs := make([]model.PodRef, len(same))
+	for i, inst := range same {
+		refs[i] = inst.Pod
 	}
 	snaps, readErr := r.Pods.ReadMany(workCtx, refs)
 	var targets []string
-	for _, id := range candidates {
-		inst := known[id]
+	for _, inst := range same {
+		id := inst.ID
 		pod, ok := snaps[inst.Pod]
 		if !ok {
 			errs[id] = outOfTime(workCtx, fmt.Errorf("read pod %s: %w", inst.Pod, readErr))
@@ -477,12 +595,22 @@ func (r *Reaper) terminateOrphans(ctx context.Context, p phases, ids []string, r
 	out, termErr := r.Fleet.Terminate(termCtx, targets, known)
 	cancelTerm()
 	termErr = outOfTime(termCtx, termErr)
+	var refusals instances.Refusals
+	errors.As(termErr, &refusals)
 	settleCtx, cancelSettle := p.settleContext(ctx)
 	defer cancelSettle()
 	for _, id := range targets {
 		switch out[id] {
 		case "":
 			errs[id] = termErr
+		case instances.Refused:
+			// Its Pod is gone: the warning and the count say it. The
+			// record keeps the sweep from asking again before
+			// RefusalBackoff.
+			r.terminationRefused(settleCtx, id, model.PodRef{}, refusals[id])
+			if err := r.Ledger.MarkDone(settleCtx, id, ledger.Done{Refused: refusals[id], Pod: known[id].Pod, Settled: true, Version: records[id].Version}); err != nil {
+				errs[id] = err
+			}
 		case instances.WouldTerminate:
 			sum.Orphans++
 		case instances.Terminating:

@@ -41,7 +41,7 @@ const clusterName = "prod"
 
 // owned is an instance of this deployment running pod.
 func owned(id string, pod model.PodRef) instances.Instance {
-	return instances.Instance{ID: id, State: model.StateRunning, Managed: true, Owned: true, Cluster: clusterName, Pod: pod}
+	return instances.Instance{ID: id, State: model.StateRunning, Managed: true, Owned: true, Cluster: clusterName, ClusterUID: fakes.ClusterUID, Pod: pod}
 }
 
 var podOf, instanceOf = fakes.Pod, fakes.InstanceID

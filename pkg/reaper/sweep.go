@@ -1,11 +1,13 @@
 package reaper
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -33,7 +35,17 @@ type SweepSummary struct {
 	InFlight int `json:"inFlight"`
 	// Orphans are running owned instances without a live Pod, handed to
 	// the reconciler to terminate.
-	Orphans      int `json:"orphans"`
+	Orphans int `json:"orphans"`
+	// HeldBack are orphans beyond the cap (Policy.OrphanCap), left running
+	// until a later sweep.
+	HeldBack int `json:"heldBack"`
+	// IdentityMismatch are running owned instances whose cluster identity
+	// tag is not the identity of the cluster Reaper reaches: none is
+	// treated as an orphan.
+	IdentityMismatch int `json:"identityMismatch"`
+	// Adopted are running owned instances the ledger had no record of; a
+	// record of their Pod, from their tags, now outlives EC2's memory.
+	Adopted      int `json:"adopted"`
 	WaitingExit  int `json:"waitingExit"`
 	Errors       int `json:"errors"`
 	DurationMsec int `json:"durationMs"`
@@ -48,9 +60,13 @@ type SweepSummary struct {
 //     recorded (their state-change event was lost): missedGone;
 //   - records with a step left (a Pod write, a termination; a Pod lost
 //     past the exit-wait window) go to the reconciler: unfinished;
+//   - running owned instances the ledger has no record of are recorded
+//     from their tags, so that their Pod can still end once EC2 forgets
+//     them: adopt;
 //   - managed instances running with no live Pod, older than the orphan
-//     grace period, go to the reconciler to be terminated (it reads the
-//     Pod again): orphans.
+//     grace period, launched for the cluster Reaper reaches, go to the
+//     reconciler to be terminated (it reads the Pod again), at most
+//     Policy.OrphanCap of the running ones a sweep: orphans.
 //
 // It returns an error if any step failed; the next sweep picks them up.
 func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSummary, error) {
@@ -65,7 +81,8 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	fresh, err := r.missedGone(ctx, managed, records, start, &sum)
 	errs = append(errs, err)
 	msgs := r.unfinished(records, fresh, start, &sum)
-	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace))
+	errs = append(errs, r.adopt(ctx, managed, records, start.Add(-orphanGrace), &sum))
+	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace), &sum)
 	errs = append(errs, err)
 	sum.Orphans = len(orphans)
 	r.Metrics.Count(metrics.OrphansFound, len(orphans))
@@ -88,6 +105,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	r.Log.LogAttrs(ctx, logLevel(err), "sweep",
 		slog.Int("records", sum.Records), slog.Int("managedInstances", sum.ManagedInstances),
 		slog.Int("missedGone", sum.MissedGone), slog.Int("queued", sum.Queued), slog.Int("inFlight", sum.InFlight), slog.Int("orphans", sum.Orphans),
+		slog.Int("heldBack", sum.HeldBack), slog.Int("identityMismatch", sum.IdentityMismatch), slog.Int("adopted", sum.Adopted),
 		slog.Int("waitingExit", sum.WaitingExit), slog.Int("errors", sum.Errors),
 		slog.Int("durationMs", sum.DurationMsec))
 	return sum, err
@@ -190,38 +208,77 @@ func samePlan(a, b Plan) bool {
 	return a.Terminate == b.Terminate && outcomeKey(a.Pod) == outcomeKey(b.Pod)
 }
 
-// orphans are running owned instances older than cutoff whose Pod no
-// longer needs them: deleted, replaced by another UID, or already terminal.
-// Instances whose terminal exit the ledger holds are left to their record;
-// one whose last exit waits for a restart is an orphan like any other once
-// its Pod is gone.
-func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time) ([]string, error) {
-	var candidates []instances.Instance
+// adopt records the running owned instances older than cutoff that the
+// ledger has no record of (sweepInputs read theirs): their Pod, from their
+// tags, and their state since launch. One write an instance, once. EC2
+// forgets a terminated instance after about an hour; with a record, a
+// late state change or exit still finds the Pod it concerns.
+func (r *Reaper) adopt(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time, sum *SweepSummary) error {
+	var errs []error
 	for id, inst := range managed {
-		if rec, ok := records[id]; ok && rec.Exit != nil && rec.Exit.Terminal() {
+		if _, ok := records[id]; ok || inst.State != model.StateRunning || !inst.LaunchTime.Before(cutoff) || inst.Pod.UID == "" {
 			continue
 		}
-		if (inst.State == model.StateRunning || inst.State == model.StatePending) && inst.LaunchTime.Before(cutoff) {
-			candidates = append(candidates, inst)
+		rec, err := r.Ledger.RecordState(ctx, id, inst.Pod, ledger.StateChange{
+			State: inst.State, At: inst.LaunchTime, Rank: model.StateRank(inst.State),
+		})
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
+		records[id] = rec
+		sum.Adopted++
 	}
+	return errors.Join(errs...)
+}
+
+// orphans are running owned instances older than cutoff whose Pod no
+// longer needs them: deleted, replaced by another UID, or already terminal,
+// in the cluster the instance was launched for (sameCluster). Instances
+// whose believed terminal exit the ledger holds are left to their record,
+// and those EC2 refused lately to their refusal; one whose last exit waits
+// for a restart is an orphan like any other once its Pod is gone. At most
+// Policy.OrphanCap of the running owned instances are returned, oldest
+// first; the rest are held back, counted and logged.
+func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time, sum *SweepSummary) ([]string, error) {
 	var (
-		refs []model.PodRef
-		errs []error
+		candidates []instances.Instance
+		running    int
+		errs       []error
 	)
-	for _, inst := range candidates {
+	for id, inst := range managed {
+		if inst.State != model.StateRunning && inst.State != model.StatePending {
+			continue
+		}
+		running++
+		rec, ok := records[id]
+		if endedByRecord(rec, ok, inst) || refusedLately(rec, ok, r.Now()) || !inst.LaunchTime.Before(cutoff) {
+			continue
+		}
 		if inst.Pod.UID == "" {
 			errs = append(errs, fmt.Errorf("managed instance %s has no pod tags", inst.ID))
 			continue
 		}
-		refs = append(refs, inst.Pod)
+		candidates = append(candidates, inst)
+	}
+	if len(candidates) == 0 {
+		return nil, errors.Join(errs...)
+	}
+	candidates, mismatched, err := r.sameCluster(ctx, candidates)
+	sum.IdentityMismatch = mismatched
+	if err != nil {
+		return nil, errors.Join(append(errs, err)...)
+	}
+	refs := make([]model.PodRef, len(candidates))
+	for i, inst := range candidates {
+		refs[i] = inst.Pod
 	}
 	// One read for them all, in LIST pages: the sweep's cost in requests
 	// grows with the fleet by one per 500 Pods, not one per instance. A
 	// Pod whose read failed leaves its instance alone until the next sweep.
 	snaps, err := r.Pods.ReadMany(ctx, refs)
 	errs = append(errs, err)
-	var ids []string
+	var found []instances.Instance
 	for _, inst := range candidates {
 		pod, ok := snaps[inst.Pod]
 		if !ok || pod.Result == kube.Current {
@@ -229,10 +286,38 @@ func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Insta
 		}
 		r.Log.LogAttrs(ctx, slog.LevelWarn, "orphaned instance", slog.String("instance", inst.ID),
 			slog.String("pod", inst.Pod.String()), slog.String("pod state", string(pod.Result)))
-		ids = append(ids, inst.ID)
+		found = append(found, inst)
+	}
+	found = r.capOrphans(ctx, found, running, sum)
+	ids := make([]string, len(found))
+	for i, inst := range found {
+		ids[i] = inst.ID
 	}
 	slices.Sort(ids)
 	return ids, errors.Join(errs...)
+}
+
+// capOrphans keeps at most Policy.OrphanCap of the running owned instances
+// among found, the oldest first. Many orphans at once is what a wrong
+// Kubernetes endpoint looks like: the cap bounds what one sweep ends, and
+// the count of those held back raises an alarm.
+func (r *Reaper) capOrphans(ctx context.Context, found []instances.Instance, running int, sum *SweepSummary) []instances.Instance {
+	if r.Policy.OrphanCap <= 0 {
+		return found
+	}
+	limit := int(math.Ceil(r.Policy.OrphanCap * float64(running)))
+	if len(found) <= limit {
+		return found
+	}
+	slices.SortFunc(found, func(a, b instances.Instance) int {
+		return cmp.Or(a.LaunchTime.Compare(b.LaunchTime), cmp.Compare(a.ID, b.ID))
+	})
+	sum.HeldBack = len(found) - limit
+	r.Metrics.Count(metrics.OrphansHeldBack, sum.HeldBack)
+	r.Log.LogAttrs(ctx, slog.LevelError, "orphans held back by the cap",
+		slog.Int("orphans", len(found)), slog.Int("terminating", limit), slog.Int("heldBack", sum.HeldBack),
+		slog.Int("running", running), slog.Float64("cap", r.Policy.OrphanCap))
+	return found[:limit]
 }
 
 // flatten lists the errors inside a joined error.

@@ -1,6 +1,10 @@
 package reaper
 
 import (
+	"context"
+	"log/slog"
+	"time"
+
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
@@ -70,4 +74,50 @@ func believe(rec ledger.Record, inst instances.Instance, known bool) (view ledge
 	}
 	rec.Unverified = false
 	return rec, reason, true
+}
+
+// endedByRecord says whether rec ends inst by itself: a terminal exit of
+// the Pod inst's tags name, checked against them when it was recorded. An
+// exit kept for another Pod, or one an older version recorded unchecked,
+// shields nothing from orphan cleanup.
+func endedByRecord(rec ledger.Record, ok bool, inst instances.Instance) bool {
+	return ok && rec.Exit != nil && rec.Exit.Terminal() && !rec.Unverified && rec.Pod == inst.Pod
+}
+
+// refusedLately says whether EC2 refused to terminate the instance less
+// than RefusalBackoff before now.
+func refusedLately(rec ledger.Record, ok bool, now time.Time) bool {
+	return ok && rec.TerminateRefused != nil && now.Before(rec.TerminateRefused.At.Add(RefusalBackoff))
+}
+
+// sameCluster keeps the instances launched for the cluster Reaper reaches:
+// their cluster identity tag equals the identity of the apiserver (the
+// UID of its kube-system namespace). A Pod missing from another cluster
+// says nothing of an instance's Pod: a kubeconfig or EKS name pointing at
+// the wrong or a recreated cluster would otherwise make every instance an
+// orphan. The others are counted and logged; without the identity nothing
+// is kept (fail closed).
+func (r *Reaper) sameCluster(ctx context.Context, insts []instances.Instance) ([]instances.Instance, int, error) {
+	identity, err := r.Pods.ClusterIdentity(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	var (
+		keep    []instances.Instance
+		foreign []instances.Instance
+	)
+	for _, inst := range insts {
+		if inst.ClusterUID != "" && inst.ClusterUID == identity {
+			keep = append(keep, inst)
+		} else {
+			foreign = append(foreign, inst)
+		}
+	}
+	if len(foreign) > 0 {
+		r.Metrics.Count(metrics.ClusterIdentityMismatch, len(foreign))
+		r.Log.LogAttrs(ctx, slog.LevelError, "cluster identity mismatch: not treated as orphans",
+			slog.Int("instances", len(foreign)), slog.String("apiserverIdentity", identity),
+			slog.String("example", foreign[0].ID), slog.String("exampleTag", foreign[0].ClusterUID))
+	}
+	return keep, len(foreign), nil
 }

@@ -126,11 +126,12 @@ func TestSendFails(t *testing.T) {
 func TestParseRejects(t *testing.T) {
 	for body, want := range map[string]string{
 		`{`: "unexpected end",
-		`{"v":2,"kind":"sweep","instanceId":"i-1"}`:  "version 2",
-		`{"v":1,"kind":"sweep"}`:                     "no instanceId",
-		`{"v":1,"kind":"exit","instanceId":"i-1"}`:   "without pod or exit",
-		`{"v":1,"kind":"state","instanceId":"i-1"}`:  "without state or time",
-		`{"v":1,"kind":"reboot","instanceId":"i-1"}`: "unknown kind",
+		`{"v":2,"kind":"sweep","instanceId":"i-0123456789abcdef0"}`:  "version 2",
+		`{"v":1,"kind":"sweep"}`:                                     `instanceId "" is not an EC2 instance id`,
+		`{"v":1,"kind":"sweep","instanceId":"i-../../x"}`:            `instanceId "i-../../x" is not an EC2 instance id`,
+		`{"v":1,"kind":"exit","instanceId":"i-0123456789abcdef0"}`:   "without pod or exit",
+		`{"v":1,"kind":"state","instanceId":"i-0123456789abcdef0"}`:  "without state or time",
+		`{"v":1,"kind":"reboot","instanceId":"i-0123456789abcdef0"}`: "unknown kind",
 	} {
 		if _, err := workqueue.Parse(events.SQSMessage{MessageId: "m", Body: body}); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", body, err, want)

@@ -1,0 +1,234 @@
+package reaper
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/reaper-k8s/reaper/internal/fakes"
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
+)
+
+// The tests of this file are the fast truth tables of what hostile hosts,
+// forged events and operators' mistakes come to; internal/replay runs the
+// same cases through the built functions on the local stack.
+
+func sweepMsgs(t *testing.T, q *fakes.Queue) []string {
+	t.Helper()
+	var out []string
+	for _, s := range q.Sent {
+		for _, m := range s.Msgs {
+			out = append(out, string(m.Kind)+" "+m.InstanceID)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// An exit an older version recorded unverified, for a Pod the instance's
+// tags do not name, shields the instance from neither orphan check once
+// its real Pod is deleted.
+func TestRejectedClaimShieldsNothing(t *testing.T) {
+	id := instanceOf(1)
+	inst := owned(id, podOf(1))
+	inst.LaunchTime = testNow().Add(-time.Hour)
+	w := fakes.NewWorld(inst) // the real Pod is deleted
+	core, l, q := newBatchCore(w)
+	l.Recs[id] = ledger.Record{InstanceID: id, Pod: podOf(99), Exit: &model.Exit{Container: "main", ExitCode: 0}, Unverified: true, Version: 1}
+	sum, err := core.Sweep(t.Context(), 15*time.Minute)
+	if err != nil || sum.Orphans != 1 {
+		t.Fatalf("sweep %+v, %v: want the instance found orphaned", sum, err)
+	}
+	if got := sweepMsgs(t, q); !slices.Contains(got, "orphan "+id) {
+		t.Fatalf("queued %v", got)
+	}
+	resp, err := core.HandleQueueEvent(t.Context(), redeliver(t, q))
+	if err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	if want := []string{"terminate [" + id + "]"}; !slices.Equal(w.Log, want) {
+		t.Fatalf("steps %q, want %q", w.Log, want)
+	}
+}
+
+// What a state-change message says of an instance is checked against EC2:
+// a forged "stopped" of a running instance changes nothing, a state dated
+// in the future is refused, and the state recorded is the one EC2
+// describes.
+func TestStateChangeIsEC2s(t *testing.T) {
+	id := instanceOf(1)
+	at := testNow().Add(-30 * time.Second)
+	for _, tc := range []struct {
+		name      string
+		described string
+		msg       workqueue.Message
+		wantState string // "": no record
+		wantAt    time.Time
+	}{
+		{name: "forged stop of a running instance", described: model.StateRunning, msg: workqueue.State(id, model.StateStopped, at)},
+		{name: "dated in the future", described: model.StateTerminated, msg: workqueue.State(id, model.StateTerminated, testNow().Add(time.Hour))},
+		{name: "EC2 is further on", described: model.StateTerminated, msg: workqueue.State(id, model.StateStopping, at),
+			wantState: model.StateTerminated, wantAt: at},
+		{name: "EC2 agrees", described: model.StateShuttingDown, msg: workqueue.State(id, model.StateShuttingDown, at),
+			wantState: model.StateShuttingDown, wantAt: at},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inst := owned(id, podOf(1))
+			inst.State = tc.described
+			w := fakes.NewWorld(inst)
+			w.Pods[podOf(1)] = true
+			core, l, _ := newBatchCore(w)
+			resp, err := core.HandleQueueEvent(t.Context(), batch(t, tc.msg))
+			if err != nil || len(resp.BatchItemFailures) != 0 {
+				t.Fatalf("failures %v, %v", failures(resp), err)
+			}
+			if slices.ContainsFunc(w.Log, func(s string) bool { return strings.HasPrefix(s, "terminate") }) {
+				t.Fatalf("steps %q: terminated", w.Log)
+			}
+			rec, ok := l.Recs[id]
+			if tc.wantState == "" {
+				if ok {
+					t.Fatalf("record %+v, want none", rec)
+				}
+				return
+			}
+			if !ok || rec.Gone == nil || rec.Gone.State != tc.wantState || !rec.Gone.At.Equal(tc.wantAt) {
+				t.Fatalf("record %+v, want gone %s at %s", rec, tc.wantState, tc.wantAt)
+			}
+		})
+	}
+}
+
+// An instance with termination protection is refused alone: the others
+// of the batch end, its Pod is told, and Reaper asks again only after
+// RefusalBackoff, not on every sweep.
+func TestRefusedTerminationBacksOff(t *testing.T) {
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)), owned(instanceOf(2), podOf(2)))
+	w.Pods[podOf(1)], w.Pods[podOf(2)] = true, true
+	w.Protected = map[string]bool{instanceOf(1): true}
+	core, l, q := newBatchCore(w)
+	resp, err := core.HandleQueueEvent(t.Context(), batch(t, exitMsg(1, 0), exitMsg(2, 0)))
+	if err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	if !slices.Contains(w.Log, "warn jobs/job-1 TerminationRefused "+instanceOf(1)) {
+		t.Fatalf("steps %q: no warning on the Pod", w.Log)
+	}
+	rec := l.Recs[instanceOf(1)]
+	if rec.TerminateRefused == nil || rec.TerminateRefused.Code != "OperationNotPermitted" || rec.Pending == "" || !rec.Terminated.IsZero() {
+		t.Fatalf("record %+v, want the refusal kept, pending", rec)
+	}
+	if r2 := l.Recs[instanceOf(2)]; r2.Terminated.IsZero() || r2.Pending != "" {
+		t.Fatalf("the other instance: %+v", r2)
+	}
+	clock := testNow().Add(time.Minute)
+	core.Now = func() time.Time { return clock }
+	if _, err := core.Sweep(t.Context(), 15*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := sweepMsgs(t, q); len(got) != 0 {
+		t.Fatalf("a minute later the sweep queued %v", got)
+	}
+	clock = testNow().Add(RefusalBackoff + time.Minute)
+	if _, err := core.Sweep(t.Context(), 15*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := sweepMsgs(t, q); !slices.Equal(got, []string{"sweep " + instanceOf(1)}) {
+		t.Fatalf("after the backoff the sweep queued %v", got)
+	}
+}
+
+// A Kubernetes endpoint that reaches another cluster (or a recreated one)
+// finds none of the fleet's Pods: no instance is an orphan there, and no
+// orphan message makes one.
+func TestWrongClusterTerminatesNothing(t *testing.T) {
+	var insts []instances.Instance
+	for n := range 20 {
+		inst := owned(instanceOf(n+1), podOf(n+1))
+		inst.LaunchTime = testNow().Add(-time.Hour)
+		insts = append(insts, inst)
+	}
+	w := fakes.NewWorld(insts...)
+	w.Identity = "0e7e0000-0000-4000-8000-000000000bad"
+	core, _, q := newBatchCore(w)
+	sum, err := core.Sweep(t.Context(), 15*time.Minute)
+	if err != nil || sum.Orphans != 0 || sum.IdentityMismatch != 20 {
+		t.Fatalf("sweep %+v, %v: want no orphan, 20 mismatches", sum, err)
+	}
+	if got := sweepMsgs(t, q); len(got) != 0 {
+		t.Fatalf("queued %v", got)
+	}
+	resp, err := core.HandleQueueEvent(t.Context(), batch(t, workqueue.Orphan(instanceOf(1))))
+	if err != nil || len(resp.BatchItemFailures) != 0 || len(w.Log) != 0 {
+		t.Fatalf("orphan message: failures %v, %v, steps %q", failures(resp), err, w.Log)
+	}
+}
+
+// Many orphans at once: a sweep hands at most the cap's part of the
+// running instances to the reconciler, the oldest first, and counts the
+// rest.
+func TestOrphanCap(t *testing.T) {
+	var insts []instances.Instance
+	for n := range 20 {
+		inst := owned(instanceOf(n+1), podOf(n+1))
+		inst.LaunchTime = testNow().Add(-time.Hour - time.Duration(n)*time.Minute)
+		insts = append(insts, inst)
+	}
+	w := fakes.NewWorld(insts...)
+	core, _, q := newBatchCore(w)
+	core.Policy.OrphanCap = 0.1
+	sum, err := core.Sweep(t.Context(), 15*time.Minute)
+	if err != nil || sum.Orphans != 2 || sum.HeldBack != 18 {
+		t.Fatalf("sweep %+v, %v: want 2 orphans, 18 held back", sum, err)
+	}
+	if got, want := sweepMsgs(t, q), []string{"orphan " + instanceOf(19), "orphan " + instanceOf(20)}; !slices.Equal(got, want) {
+		t.Fatalf("queued %v, want the two oldest %v", got, want)
+	}
+}
+
+// EC2 forgets a terminated instance after about an hour. A record kept for
+// it still ends its Pod: a late exit of that Pod is believed from the
+// record, and without one the Pod is lost after the window.
+func TestInstanceEC2Forgot(t *testing.T) {
+	id := instanceOf(1)
+	restart := &model.Exit{Container: "main", ExitCode: 1, WillRestart: true, RestartCount: 1}
+	for _, tc := range []struct {
+		name string
+		msg  workqueue.Message
+		want []string
+	}{
+		// The terminate is answered "already gone" by EC2.
+		{name: "late exit", msg: exitMsg(1, 0), want: []string{"pod jobs/job-1 exit/0", "terminate [" + id + "]"}},
+		{name: "sweep", msg: workqueue.Sweep(id), want: []string{"pod jobs/job-1 " + model.OutcomeLost}},
+		{name: "forged exit of another Pod", msg: exitMsg(2, 0), want: []string{"pod jobs/job-1 " + model.OutcomeLost}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := fakes.NewWorld() // EC2 knows no instance
+			w.Pods[podOf(1)], w.Pods[podOf(2)] = true, true
+			core, l, _ := newBatchCore(w)
+			synced := (&model.Outcome{InstanceID: id, Exit: restart}).Key()
+			l.Recs[id] = ledger.Record{InstanceID: id, Pod: podOf(1), Exit: restart, PodSynced: synced, Version: 1}
+			msg := tc.msg
+			msg.InstanceID = id
+			if _, err := core.HandleQueueEvent(t.Context(), batch(t, msg)); err != nil {
+				t.Fatal(err)
+			}
+			rec := l.Recs[id]
+			if rec.Gone == nil || rec.Gone.State != model.StateTerminated {
+				t.Fatalf("record %+v, want it gone", rec)
+			}
+			// Past the window, the sweep's item ends the Pod.
+			core.Now = func() time.Time { return testNow().Add(2 * time.Minute) }
+			if _, err := core.HandleQueueEvent(t.Context(), batch(t, workqueue.Sweep(id))); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(w.Log, tc.want) {
+				t.Fatalf("steps %q, want %q", w.Log, tc.want)
+			}
+		})
+	}
+}
