@@ -84,6 +84,8 @@ func runUserdata(_ context.Context, args []string) error {
 	fs.IntVar(&opts.MaxRestarts, "max-restarts", 0, "cap on in-place restarts (0: unlimited)")
 	fs.DurationVar(&opts.ShutdownDelay, "shutdown-delay", userdata.DefaultShutdownDelay, "power off this long after the final exit if still running")
 	fs.Var(&runArgs, "docker-run-arg", "extra docker run argument (repeat, e.g. -docker-run-arg=--gpus -docker-run-arg=all)")
+	fs.BoolVar(&opts.AllowHostNetwork, "allow-host-network", false,
+		"allow -docker-run-arg=--network=host (or --net host): the workload then gets the instance role's credentials from IMDS")
 	fs.StringVar(&tagManaged, "tag-key-managed", model.DefaultTagManaged, "tag key marking managed instances")
 	fs.StringVar(&tagNamespace, "tag-key-namespace", model.DefaultTagPodNamespace, "tag key for the Pod namespace")
 	fs.StringVar(&tagName, "tag-key-name", model.DefaultTagPodName, "tag key for the Pod name")

@@ -73,3 +73,22 @@ func TestUserdataCLIEnvLineBreak(t *testing.T) {
 		t.Errorf("-env with a line break: %v, want an error naming PEM", err)
 	}
 }
+
+// Host networking is refused with the reason, unless -allow-host-network.
+func TestUserdataCLIHostNetwork(t *testing.T) {
+	args := append([]string{"-o", "run-args", "-cluster", "prod-eu-1", "-docker-run-arg", "--network", "-docker-run-arg", "host"}, userdataPodFlags...)
+	if _, err := runUserdataCLI(t, args...); err == nil || !strings.Contains(err.Error(), "instance role's credentials from IMDS") {
+		t.Errorf("-docker-run-arg --network host: %v, want a refusal naming IMDS", err)
+	}
+	out, err := runUserdataCLI(t, append([]string{"-allow-host-network"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runArgs []string
+	if err := json.Unmarshal([]byte(out), &runArgs); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if !strings.Contains(strings.Join(runArgs, " "), "--network host") {
+		t.Errorf("-allow-host-network: run args %q lack --network host", runArgs)
+	}
+}

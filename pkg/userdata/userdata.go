@@ -138,7 +138,17 @@ type Options struct {
 	// the instance first (default 10m; rounded up to whole seconds).
 	ShutdownDelay time.Duration
 	// DockerRunArgs are extra flags for "docker run", e.g. "--gpus", "all".
+	// Host networking (--network=host, --net host, a podman ns: path) is
+	// refused unless AllowHostNetwork is set.
 	DockerRunArgs []string
+	// AllowHostNetwork lets DockerRunArgs put the container in the host's
+	// network namespace. The workload then reaches the instance metadata
+	// service as the host does (the hop limit of 1 stops only a container
+	// behind a bridge) and gets the instance role's credentials: everything
+	// the role may do, the workload may do. Set it only for a trusted image
+	// on an instance role that allows no more than the CloudWatch agent
+	// needs.
+	AllowHostNetwork bool
 	// TagKeys overrides the instance tag keys; empty fields keep defaults.
 	TagKeys model.TagKeys
 }
@@ -397,6 +407,13 @@ func (o Options) resolve() (resolved, error) {
 				errs = append(errs, fmt.Errorf("docker run arg %q: the wrapper owns %s", a, owned))
 			}
 		}
+		if !o.AllowHostNetwork {
+			if mode, ok := hostNetwork(o.DockerRunArgs, i); ok {
+				errs = append(errs, fmt.Errorf("docker run args put the container in the host's network (%s): "+
+					"the workload would get the instance role's credentials from IMDS (the hop limit of 1 stops only a bridged container); "+
+					"set AllowHostNetwork if that is meant", mode))
+			}
+		}
 	}
 	keys := o.TagKeys.WithDefaults()
 	for _, k := range []string{keys.Managed, keys.PodNamespace, keys.PodName, keys.PodUID, keys.Cluster} {
@@ -409,6 +426,28 @@ func (o Options) resolve() (resolved, error) {
 	}
 	secs := int((o.ShutdownDelay + time.Second - 1) / time.Second)
 	return resolved{Options: o, delaySeconds: secs}, nil
+}
+
+// hostNetwork reports whether args[i] starts a network flag (--network or
+// --net, with its value after = or in the next argument) that puts the
+// container in the host's network namespace: "host", or podman's "ns:PATH"
+// (a namespace by path, the host's among others). It returns the flag as
+// written.
+func hostNetwork(args []string, i int) (string, bool) {
+	a := args[i]
+	for _, f := range []string{"--network", "--net"} {
+		var v string
+		switch {
+		case a == f && i+1 < len(args):
+			v, a = args[i+1], a+" "+args[i+1]
+		case strings.HasPrefix(a, f+"="):
+			v = strings.TrimPrefix(a, f+"=")
+		default:
+			continue
+		}
+		return a, v == "host" || strings.HasPrefix(v, "ns:")
+	}
+	return "", false
 }
 
 // maxTagValue is EC2's limit on a tag value, in Unicode characters.

@@ -350,6 +350,50 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// Host networking hands the workload the instance role's credentials
+// through IMDS: every entry point refuses it, in each spelling docker and
+// podman take, unless AllowHostNetwork says it is meant. Other networks, and
+// "host" as the value of another flag, pass.
+func TestHostNetwork(t *testing.T) {
+	t.Parallel()
+	p := jobPod(RestartNever)
+	for _, args := range [][]string{
+		{"--network=host"}, {"--net=host"}, {"--network", "host"}, {"--net", "host"},
+		{"--gpus", "all", "--network", "host"}, {"--network=bridge", "--net=host"},
+		{"--network=ns:/proc/1/ns/net"},
+	} {
+		opts := Options{Cluster: testCluster, DockerRunArgs: args}
+		_, errRender := Render(p, opts)
+		_, errLaunch := Launch(p, opts)
+		_, errArgs := RunArgs(p, opts)
+		_, errConf := WrapperConfig(p, opts)
+		for name, err := range map[string]error{"Render": errRender, "Launch": errLaunch, "RunArgs": errArgs, "WrapperConfig": errConf} {
+			if err == nil || !strings.Contains(err.Error(), "host's network") || !strings.Contains(err.Error(), "instance role's credentials from IMDS") ||
+				!strings.Contains(err.Error(), "AllowHostNetwork") {
+				t.Errorf("%s with docker run args %q: error = %v, want a refusal naming IMDS credentials and AllowHostNetwork", name, args, err)
+			}
+		}
+		opts.AllowHostNetwork = true
+		ls, err := Launch(p, opts)
+		if err != nil {
+			t.Errorf("Launch with %q and AllowHostNetwork: %v", args, err)
+			continue
+		}
+		runArgs, _ := RunArgs(p, opts)
+		if !strings.Contains(strings.Join(runArgs, " "), strings.Join(args, " ")) || ls.MetadataHTTPPutResponseHopLimit != 1 {
+			t.Errorf("with AllowHostNetwork: run args %q lack %q, or hop limit %d", runArgs, args, ls.MetadataHTTPPutResponseHopLimit)
+		}
+	}
+	for _, args := range [][]string{
+		{"--network=bridge"}, {"--network", "my-net"}, {"--net=none"}, {"--label", "host"}, {"--hostname", "host"},
+		{"--network"}, {"--add-host", "host:10.0.0.1"}, {"--network-alias", "host"},
+	} {
+		if _, err := Launch(p, Options{Cluster: testCluster, DockerRunArgs: args}); err != nil {
+			t.Errorf("Launch with docker run args %q: %v", args, err)
+		}
+	}
+}
+
 func TestDefaultsAndPolicy(t *testing.T) {
 	t.Parallel()
 	p := podmanPod()
