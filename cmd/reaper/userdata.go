@@ -35,7 +35,9 @@ Renders what a provider puts on the instance of one Pod. The Pod comes from
 container, image, command, args, env [{name, value}], restartPolicy; "-" reads
 stdin), and/or from flags, which override the file. -cluster names the Pod's
 cluster (REAPER_CLUSTER of its Reaper deployment); userdata, tags and launch
-need it.
+need it. -cluster-uid adds the cluster identity tag: the UID of the cluster's
+kube-system namespace. Reaper treats an instance as an orphan only when that
+tag equals the identity of the apiserver it reaches.
 
 -o selects the output:
   userdata      the user-data script (default)
@@ -64,6 +66,7 @@ func runUserdata(_ context.Context, args []string) error {
 		opts                                                  userdata.Options
 		command, podArgs, env, runArgs                        userdataList
 		tagManaged, tagNamespace, tagName, tagUID, tagCluster string
+		tagClusterUID                                         string
 	)
 	fs.StringVar(&file, "f", "", "Pod JSON file (- for stdin)")
 	fs.StringVar(&output, "o", "userdata", "what to print (see above)")
@@ -78,6 +81,9 @@ func runUserdata(_ context.Context, args []string) error {
 	fs.Var(&env, "env", "NAME=VALUE environment variable (repeat)")
 	fs.StringVar(&pol, "restart-policy", "", "Always (default), OnFailure or Never")
 	fs.StringVar(&opts.Cluster, "cluster", "", "the Pod's cluster, for the cluster tag (required for userdata, tags and launch)")
+	fs.StringVar(&opts.ClusterUID, "cluster-uid", "",
+		"the UID of the cluster's kube-system namespace, for the cluster identity tag (kubectl get namespace kube-system -o jsonpath='{.metadata.uid}'); "+
+			"without it Reaper never terminates the instance as an orphan")
 	fs.StringVar(&opts.LogGroup, "log-group", "", "CloudWatch Logs group for exit lines (default /reaper/<cluster>/exits)")
 	fs.StringVar(&opts.ExitLogPath, "exit-log", userdata.DefaultExitLogPath, "exit log file on the instance")
 	fs.StringVar(&opts.ContainerCLI, "container-cli", userdata.DefaultContainerCLI, "docker-compatible CLI on the instance")
@@ -91,6 +97,7 @@ func runUserdata(_ context.Context, args []string) error {
 	fs.StringVar(&tagName, "tag-key-name", model.DefaultTagPodName, "tag key for the Pod name")
 	fs.StringVar(&tagUID, "tag-key-uid", model.DefaultTagPodUID, "tag key for the Pod UID")
 	fs.StringVar(&tagCluster, "tag-key-cluster", model.DefaultTagCluster, "tag key for the cluster")
+	fs.StringVar(&tagClusterUID, "tag-key-cluster-uid", model.DefaultTagClusterUID, "tag key for the cluster identity")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -139,7 +146,8 @@ func runUserdata(_ context.Context, args []string) error {
 		}
 	}
 	opts.DockerRunArgs = runArgs
-	opts.TagKeys = model.TagKeys{Managed: tagManaged, PodNamespace: tagNamespace, PodName: tagName, PodUID: tagUID, Cluster: tagCluster}
+	opts.TagKeys = model.TagKeys{Managed: tagManaged, PodNamespace: tagNamespace, PodName: tagName, PodUID: tagUID, Cluster: tagCluster,
+		ClusterUID: tagClusterUID}
 	if opts.Cluster == "" && (output == "userdata" || output == "tags" || output == "launch") {
 		return fmt.Errorf("-o %s needs -cluster: the name of the Pod's cluster, as in REAPER_CLUSTER of its Reaper deployment", output)
 	}

@@ -92,3 +92,35 @@ func TestUserdataCLIHostNetwork(t *testing.T) {
 		t.Errorf("-allow-host-network: run args %q lack --network host", runArgs)
 	}
 }
+
+// -cluster-uid puts the cluster identity tag on the instance; a value that
+// is not a UID is refused.
+func TestUserdataCLIClusterUID(t *testing.T) {
+	const uid = "3f2a9c1e-7b4d-4e8f-9a6b-1c2d3e4f5a6b"
+	out, err := runUserdataCLI(t, append([]string{"-o", "tags", "-cluster", "prod-eu-1", "-cluster-uid", uid}, userdataPodFlags...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tags map[string]string
+	if err := json.Unmarshal([]byte(out), &tags); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if tags["reaper.io/cluster-uid"] != uid || len(tags) != 6 {
+		t.Errorf("-o tags -cluster-uid: %v", tags)
+	}
+	out, err = runUserdataCLI(t, append([]string{"-o", "tags", "-cluster", "prod-eu-1", "-cluster-uid", uid, "-tag-key-cluster-uid", "example.com/cluster-uid"}, userdataPodFlags...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tags = nil
+	if err := json.Unmarshal([]byte(out), &tags); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if tags["example.com/cluster-uid"] != uid || tags["reaper.io/cluster-uid"] != "" {
+		t.Errorf("-o tags -tag-key-cluster-uid example.com/cluster-uid: %v", tags)
+	}
+	if _, err := runUserdataCLI(t, append([]string{"-o", "launch", "-cluster", "prod-eu-1", "-cluster-uid", "kube-system"}, userdataPodFlags...)...); err == nil ||
+		!strings.Contains(err.Error(), "cluster UID") {
+		t.Errorf("-cluster-uid kube-system: %v, want an error", err)
+	}
+}

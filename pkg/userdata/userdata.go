@@ -116,6 +116,17 @@ type Options struct {
 	// the cluster tag. It must equal REAPER_CLUSTER of the Reaper deployment
 	// that serves the cluster: an instance without it is never Reaper's.
 	Cluster string
+	// ClusterUID is the identity of the cluster: the UID of its kube-system
+	// namespace (metadata.uid), which a cluster recreated under the same
+	// name does not share. When set it must look like a UID, and it goes on
+	// the instance as the cluster identity tag (TagKeys.ClusterUID). It is
+	// optional, but Reaper treats an instance as an orphan (no live Pod:
+	// deleted, or lost while its instance ran on) only when this tag equals
+	// the identity of the apiserver Reaper reaches. An instance without it
+	// still has its exit lines believed and its Pod written, but Reaper's
+	// sweep never terminates it as an orphan: it runs until its workload
+	// ends or the provider terminates it.
+	ClusterUID string
 	// LogGroup receives the exit lines (default DefaultLogGroup of the
 	// cluster, "/reaper/<cluster>/exits"). It must be the group the Reaper
 	// construct subscribes to.
@@ -154,17 +165,22 @@ type Options struct {
 }
 
 // Tags returns the tags the provider writes on the instance at launch, for
-// the Pod of the named cluster; empty fields of keys take the defaults.
-// Launch checks pod and cluster; Tags takes them as they are.
-func Tags(pod Pod, cluster string, keys model.TagKeys) map[string]string {
-	keys = keys.WithDefaults()
-	return map[string]string{
+// the Pod of the cluster opts.Cluster: keys from opts.TagKeys (empty fields
+// take the defaults), and the cluster identity tag when opts.ClusterUID is
+// set. Launch checks pod and opts; Tags takes them as they are.
+func Tags(pod Pod, opts Options) map[string]string {
+	keys := opts.TagKeys.WithDefaults()
+	tags := map[string]string{
 		keys.Managed:      "true",
 		keys.PodNamespace: pod.Namespace,
 		keys.PodName:      pod.Name,
 		keys.PodUID:       pod.UID,
-		keys.Cluster:      cluster,
+		keys.Cluster:      opts.Cluster,
 	}
+	if opts.ClusterUID != "" {
+		tags[keys.ClusterUID] = opts.ClusterUID
+	}
+	return tags
 }
 
 // LaunchSettings is everything a provider sets on RunInstances for the Pod.
@@ -198,7 +214,7 @@ func Launch(pod Pod, opts Options) (LaunchSettings, error) {
 	return LaunchSettings{
 		UserData:                          script,
 		UserDataBase64:                    enc,
-		Tags:                              Tags(pod, opts.Cluster, opts.TagKeys),
+		Tags:                              Tags(pod, opts),
 		InstanceInitiatedShutdownBehavior: ShutdownBehaviorTerminate,
 		MetadataHTTPTokens:                "required",
 		MetadataHTTPPutResponseHopLimit:   MetadataHopLimit,
@@ -267,6 +283,9 @@ var (
 	logGroupName = regexp.MustCompile(`^[A-Za-z0-9._/#-]{1,512}$`)
 	plainPath    = regexp.MustCompile(`^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$`)
 	cliName      = regexp.MustCompile(`^[A-Za-z0-9._/-]+$`)
+	// kubeUID is a UID as the apiserver writes it: lower-case, so that it
+	// compares equal to what Reaper reads.
+	kubeUID = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 )
 
 func validLabel(s string) bool { return len(s) <= 63 && dnsLabel.MatchString(s) }
@@ -416,10 +435,13 @@ func (o Options) resolve() (resolved, error) {
 		}
 	}
 	keys := o.TagKeys.WithDefaults()
-	for _, k := range []string{keys.Managed, keys.PodNamespace, keys.PodName, keys.PodUID, keys.Cluster} {
+	for _, k := range []string{keys.Managed, keys.PodNamespace, keys.PodName, keys.PodUID, keys.Cluster, keys.ClusterUID} {
 		if len(k) > 128 || strings.HasPrefix(strings.ToLower(k), "aws:") || !utf8.ValidString(k) {
 			errs = append(errs, fmt.Errorf("tag key %q is not a valid EC2 tag key", k))
 		}
+	}
+	if o.ClusterUID != "" && !kubeUID.MatchString(o.ClusterUID) {
+		errs = append(errs, fmt.Errorf("cluster UID %q is not a UID as the apiserver writes it (lower-case UUID): set it to the metadata.uid of the cluster's kube-system namespace", o.ClusterUID))
 	}
 	if len(errs) > 0 {
 		return resolved{}, fmt.Errorf("userdata: invalid options: %w", errors.Join(errs...))

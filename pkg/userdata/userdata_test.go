@@ -480,7 +480,7 @@ func TestEnvLineBreak(t *testing.T) {
 func TestTags(t *testing.T) {
 	t.Parallel()
 	p := jobPod(RestartNever)
-	got := Tags(p, testCluster, model.TagKeys{})
+	got := Tags(p, Options{Cluster: testCluster})
 	want := map[string]string{"reaper.io/managed": "true", "reaper.io/pod-namespace": "batch",
 		"reaper.io/pod-name": "installer-7xk2p", "reaper.io/pod-uid": "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b",
 		"reaper.io/cluster": testCluster}
@@ -492,10 +492,53 @@ func TestTags(t *testing.T) {
 			t.Errorf("Tags[%s] = %q, want %q", k, got[k], v)
 		}
 	}
-	got = Tags(p, testCluster, model.TagKeys{Managed: "x/managed", PodUID: "x/uid", Cluster: "x/cluster"})
+	got = Tags(p, Options{Cluster: testCluster, TagKeys: model.TagKeys{Managed: "x/managed", PodUID: "x/uid", Cluster: "x/cluster"}})
 	if len(got) != 5 || got["x/managed"] != "true" || got["x/uid"] != p.UID || got["reaper.io/pod-name"] != p.Name ||
 		got["x/cluster"] != testCluster {
 		t.Errorf("Tags with custom keys = %v", got)
+	}
+}
+
+// testClusterUID is the UID of the test cluster's kube-system namespace.
+const testClusterUID = "3f2a9c1e-7b4d-4e8f-9a6b-1c2d3e4f5a6b"
+
+// The cluster identity tag: the UID of the cluster's kube-system namespace,
+// under its key when set, nothing when not (launch still works, but Reaper
+// never treats such an instance as an orphan). It must be a UID as the
+// apiserver writes it: Reaper compares it byte for byte.
+func TestClusterUIDTag(t *testing.T) {
+	t.Parallel()
+	p := jobPod(RestartNever)
+	ls, err := Launch(p, Options{Cluster: testCluster, ClusterUID: testClusterUID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls.Tags["reaper.io/cluster-uid"] != testClusterUID || len(ls.Tags) != 6 {
+		t.Errorf("launch tags %v, want reaper.io/cluster-uid=%s among 6", ls.Tags, testClusterUID)
+	}
+	tags := Tags(p, Options{Cluster: testCluster, ClusterUID: testClusterUID, TagKeys: model.TagKeys{ClusterUID: "x/cluster-uid"}})
+	if tags["x/cluster-uid"] != testClusterUID || tags["reaper.io/cluster-uid"] != "" {
+		t.Errorf("Tags with a custom cluster identity key: %v", tags)
+	}
+	ls, err = Launch(p, Options{Cluster: testCluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ls.Tags["reaper.io/cluster-uid"]; ok || len(ls.Tags) != 5 {
+		t.Errorf("launch tags without a cluster UID: %v, want no identity tag", ls.Tags)
+	}
+	for _, bad := range []string{"kube-system", "3F2A9C1E-7B4D-4E8F-9A6B-1C2D3E4F5A6B", " " + testClusterUID, testClusterUID + "\n", "3f2a9c1e7b4d4e8f9a6b1c2d3e4f5a6b"} {
+		_, errLaunch := Launch(p, Options{Cluster: testCluster, ClusterUID: bad})
+		_, errRender := Render(p, Options{Cluster: testCluster, ClusterUID: bad})
+		for name, err := range map[string]error{"Launch": errLaunch, "Render": errRender} {
+			if err == nil || !strings.Contains(err.Error(), "cluster UID") || !strings.Contains(err.Error(), "kube-system") {
+				t.Errorf("%s with cluster UID %q: %v, want an error naming the kube-system namespace's UID", name, bad, err)
+			}
+		}
+	}
+	if _, err := Launch(p, Options{Cluster: testCluster, ClusterUID: testClusterUID, TagKeys: model.TagKeys{ClusterUID: "aws:uid"}}); err == nil ||
+		!strings.Contains(err.Error(), `tag key "aws:uid"`) {
+		t.Errorf("Launch with cluster identity tag key aws:uid: %v, want an error", err)
 	}
 }
 
