@@ -342,6 +342,7 @@ func wantPodsEnded(t *testing.T, r *jobRun, n int, phase corev1.PodPhase, code i
 		}
 	}
 	for _, sum := range r.exits {
+		wantIdentityTag(t, sum.InstanceID)
 		if sum.Recorded != 1 || sum.Queued != 1 || sum.Rejected != 0 {
 			t.Errorf("exitrecorder: %+v, want the line recorded and its claim queued", sum)
 		}
@@ -354,6 +355,22 @@ func wantPodsEnded(t *testing.T, r *jobRun, n int, phase corev1.PodPhase, code i
 	}
 	if len(r.flips) > 0 {
 		t.Errorf("terminal Pod statuses changed: %v", r.flips)
+	}
+}
+
+// wantIdentityTag checks that the provider launched the instance with the
+// cluster identity tag: the UID of the cluster's kube-system namespace,
+// which Reaper compares with the apiserver it reaches before it treats the
+// instance as an orphan.
+func wantIdentityTag(t *testing.T, id string) {
+	t.Helper()
+	ns, err := lab.Stack.Kube.CoreV1().Namespaces().Get(t.Context(), metav1.NamespaceSystem, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i, ok := lab.Stack.EC2.Instance(id)
+	if !ok || ns.UID == "" || i.Tags[model.DefaultTagClusterUID] != string(ns.UID) {
+		t.Errorf("instance %s has tags %v, want %s=%s (the UID of namespace %s)", id, i.Tags, model.DefaultTagClusterUID, ns.UID, metav1.NamespaceSystem)
 	}
 }
 
@@ -445,6 +462,7 @@ func TestE2EProviderIgnoresOtherUID(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := waitRunning(t, pod)
+	wantIdentityTag(t, id)
 	if _, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: ns, Name: pod.Name, UID: "00000000-0000-4000-8000-000000000000"},
 		model.Exit{Container: "main", ExitCode: 1, FinishedAt: time.Now()}); err != nil {
 		t.Fatal(err)

@@ -7,7 +7,10 @@
 //
 //   - CreatePod launches with userdata.Launch: its tags let Reaper believe
 //     the instance's exit lines, its user-data runs the workload under the
-//     supervisor that writes them.
+//     supervisor that writes them. The cluster identity tag (the UID of the
+//     cluster's kube-system namespace, read once at start) lets Reaper
+//     terminate the instance as an orphan once its Pod is gone; without it
+//     Reaper never would.
 //   - GetPodStatus reads the exit from the ledger (ledger.Get, then the Pod
 //     UID check) before it looks at the instance: once the instance is gone
 //     its state says nothing about the exit code, the ledger does.
@@ -65,8 +68,12 @@ type Config struct {
 	NodeName string
 	// Cluster is REAPER_CLUSTER of the Reaper deployment serving the cluster.
 	Cluster string
-	Kube    kubernetes.Interface
-	EC2     *ec2.Client
+	// ClusterUID is the cluster's identity, the UID of its kube-system
+	// namespace, for the cluster identity tag of every instance. Empty: Run
+	// reads it from Kube (get on namespaces/kube-system).
+	ClusterUID string
+	Kube       kubernetes.Interface
+	EC2        *ec2.Client
 	// Ledger is Reaper's ledger table.
 	Ledger *ledger.Table
 	// ImageID and InstanceType are what RunInstances launches.
@@ -95,6 +102,15 @@ func run(ctx context.Context, cfg Config, newHandler func(Config, corev1listers.
 	}
 	if cfg.StatusSyncPeriod <= 0 {
 		cfg.StatusSyncPeriod = 5 * time.Second
+	}
+	if cfg.ClusterUID == "" {
+		// Reaper reads the same namespace of the apiserver it reaches, and
+		// treats an instance as an orphan only when the two agree.
+		ns, err := cfg.Kube.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("vkprovider: read the cluster identity (the UID of namespace %s): %w", metav1.NamespaceSystem, err)
+		}
+		cfg.ClusterUID = string(ns.UID)
 	}
 
 	nc, err := node.NewNodeController(node.NaiveNodeProvider{}, virtualNode(cfg.NodeName), cfg.Kube.CoreV1().Nodes())
@@ -217,7 +233,7 @@ func (p *provider) launch(ctx context.Context, pod *corev1.Pod) (string, error) 
 			up.Env = append(up.Env, userdata.EnvVar{Name: e.Name, Value: e.Value})
 		}
 	}
-	ls, err := userdata.Launch(up, userdata.Options{Cluster: p.cfg.Cluster})
+	ls, err := userdata.Launch(up, userdata.Options{Cluster: p.cfg.Cluster, ClusterUID: p.cfg.ClusterUID})
 	if err != nil {
 		return "", errdefs.AsInvalidInput(err)
 	}
