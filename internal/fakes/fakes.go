@@ -61,6 +61,17 @@ func (l *Ledger) RecordState(_ context.Context, id string, pod model.PodRef, sc 
 	return r, nil
 }
 
+func (l *Ledger) Adopt(_ context.Context, id string, pod model.PodRef) (ledger.Record, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, applies := ledger.WithAdopt(l.Recs[id], id, pod, l.Now())
+	if applies {
+		l.Writes++
+		l.Recs[id] = r
+	}
+	return r, nil
+}
+
 func (l *Ledger) MarkDone(_ context.Context, id string, d ledger.Done) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

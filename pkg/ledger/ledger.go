@@ -181,6 +181,23 @@ type Refusal struct {
 	At   time.Time `dynamodbav:"at" json:"at"`
 }
 
+// Adopt records the Pod of a running instance the ledger has no record of
+// yet, from its launch tags, and returns the record as it stands: nothing
+// else, no state and no work, so that the instance's Pod is known once EC2
+// no longer lists it. A record that exists is left as it is.
+func (t *Table) Adopt(ctx context.Context, instanceID string, pod model.PodRef) (Record, error) {
+	now := t.now().UTC()
+	update := stamped(now).
+		Set(expression.Name("pod"), expression.Value(pod)).
+		Set(expression.Name("version"), expression.Value(0))
+	condition := expression.AttributeNotExists(expression.Name(KeyAttribute))
+	rec, err := t.update(ctx, instanceID, expression.NewBuilder().WithUpdate(update).WithCondition(condition))
+	if err != nil {
+		return Record{}, fmt.Errorf("ledger adopt %s: %w", instanceID, err)
+	}
+	return rec, nil
+}
+
 // StateChange is an EC2 state an instance reached.
 type StateChange struct {
 	State string

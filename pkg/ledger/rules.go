@@ -82,6 +82,17 @@ func touch(rec *Record, now time.Time) {
 	rec.UpdatedAt, rec.ExpiresAt = now, now.Add(Retention).Unix()
 }
 
+// WithAdopt is rec after Adopt(id, pod) at now, and whether the write
+// applies: only where there is no record.
+func WithAdopt(rec Record, id string, pod model.PodRef, now time.Time) (Record, bool) {
+	if rec.InstanceID != "" {
+		return rec, false
+	}
+	rec = Record{InstanceID: id, Pod: pod}
+	touch(&rec, now.UTC())
+	return rec, true
+}
+
 // ReadOnly is the ledger of a dry run. It reads the table, answers each
 // write with the record as the write would leave it (by the rules above),
 // and writes nothing.
@@ -106,6 +117,16 @@ func (t ReadOnly) RecordState(ctx context.Context, instanceID string, pod model.
 		return Record{}, err
 	}
 	rec, _ = WithState(rec, instanceID, pod, sc, t.now())
+	return rec, nil
+}
+
+// Adopt returns the record as Adopt would leave it.
+func (t ReadOnly) Adopt(ctx context.Context, instanceID string, pod model.PodRef) (Record, error) {
+	rec, _, err := t.Get(ctx, instanceID)
+	if err != nil {
+		return Record{}, err
+	}
+	rec, _ = WithAdopt(rec, instanceID, pod, t.now())
 	return rec, nil
 }
 

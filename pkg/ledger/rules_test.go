@@ -222,3 +222,33 @@ func encode(t *testing.T, r Record) string {
 	}
 	return string(b)
 }
+
+// Adopt creates a record holding the Pod alone, and leaves one that exists
+// as it is; the table and the rules agree.
+func TestAdopt(t *testing.T) {
+	ctx := t.Context()
+	table := startTable(t, "adopt")
+	clock := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	table.now = func() time.Time { return clock }
+	pod := model.PodRef{Namespace: "jobs", Name: "train", UID: "00000000-0000-0000-0000-00000000000a"}
+	got, err := table.Adopt(ctx, "i-00000000000000001", pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, applied := WithAdopt(Record{}, "i-00000000000000001", pod, table.now())
+	if g, w := encode(t, got), encode(t, rules); g != w || !applied || got.Pod != pod || got.Pending != "" || got.LastState != "" {
+		t.Fatalf("new record: table %s, rules %s", g, w)
+	}
+	exited, err := table.RecordExit(ctx, "i-00000000000000002", pod, model.Exit{Container: "main", ExitCode: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := model.PodRef{Namespace: "jobs", Name: "other", UID: "00000000-0000-0000-0000-00000000000b"}
+	got, err = table.Adopt(ctx, "i-00000000000000002", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rules, applied := WithAdopt(exited, "i-00000000000000002", other, table.now()); applied || encode(t, got) != encode(t, exited) || encode(t, rules) != encode(t, exited) {
+		t.Fatalf("existing record changed: %+v", got)
+	}
+}

@@ -56,9 +56,9 @@ func TestRejectedClaimShieldsNothing(t *testing.T) {
 }
 
 // What a state-change message says of an instance is checked against EC2:
-// a forged "stopped" of a running instance changes nothing, a state dated
-// in the future is refused, and the state recorded is the one EC2
-// describes.
+// a forged "stopped" of a running instance changes nothing (it is checked
+// again later), a state dated in the future is refused, and a claim ahead
+// of EC2 is recorded as far as EC2 has got.
 func TestStateChangeIsEC2s(t *testing.T) {
 	id := instanceOf(1)
 	at := testNow().Add(-30 * time.Second)
@@ -71,8 +71,10 @@ func TestStateChangeIsEC2s(t *testing.T) {
 	}{
 		{name: "forged stop of a running instance", described: model.StateRunning, msg: workqueue.State(id, model.StateStopped, at)},
 		{name: "dated in the future", described: model.StateTerminated, msg: workqueue.State(id, model.StateTerminated, testNow().Add(time.Hour))},
-		{name: "EC2 is further on", described: model.StateTerminated, msg: workqueue.State(id, model.StateStopping, at),
-			wantState: model.StateTerminated, wantAt: at},
+		{name: "EC2 is further on", described: model.StateTerminated, msg: workqueue.State(id, model.StateShuttingDown, at),
+			wantState: model.StateShuttingDown, wantAt: at},
+		{name: "the claim is ahead of EC2", described: model.StateShuttingDown, msg: workqueue.State(id, model.StateTerminated, at),
+			wantState: model.StateShuttingDown, wantAt: at},
 		{name: "EC2 agrees", described: model.StateShuttingDown, msg: workqueue.State(id, model.StateShuttingDown, at),
 			wantState: model.StateShuttingDown, wantAt: at},
 	} {
@@ -81,7 +83,7 @@ func TestStateChangeIsEC2s(t *testing.T) {
 			inst.State = tc.described
 			w := fakes.NewWorld(inst)
 			w.Pods[podOf(1)] = true
-			core, l, _ := newBatchCore(w)
+			core, l, q := newBatchCore(w)
 			resp, err := core.HandleQueueEvent(t.Context(), batch(t, tc.msg))
 			if err != nil || len(resp.BatchItemFailures) != 0 {
 				t.Fatalf("failures %v, %v", failures(resp), err)
@@ -94,12 +96,35 @@ func TestStateChangeIsEC2s(t *testing.T) {
 				if ok {
 					t.Fatalf("record %+v, want none", rec)
 				}
+				// An unconfirmed gone state is checked again, DeferDelay later.
+				recheck := tc.msg.State == model.StateStopped
+				if got := len(q.Sent) == 1 && q.Sent[0].Delay == DeferDelay && q.Sent[0].Msgs[0].Checks == 1; got != recheck {
+					t.Fatalf("sent %+v, want a check again: %v", q.Sent, recheck)
+				}
 				return
 			}
 			if !ok || rec.Gone == nil || rec.Gone.State != tc.wantState || !rec.Gone.At.Equal(tc.wantAt) {
 				t.Fatalf("record %+v, want gone %s at %s", rec, tc.wantState, tc.wantAt)
 			}
 		})
+	}
+}
+
+// A claim EC2 never confirms is checked stateChecks times, then refused.
+func TestUnconfirmedStateRefused(t *testing.T) {
+	id := instanceOf(1)
+	w := fakes.NewWorld(owned(id, podOf(1)))
+	w.Pods[podOf(1)] = true
+	core, l, q := newBatchCore(w)
+	ev := batch(t, workqueue.State(id, model.StateStopped, testNow()))
+	for range stateChecks {
+		if _, err := core.HandleQueueEvent(t.Context(), ev); err != nil {
+			t.Fatal(err)
+		}
+		ev = redeliver(t, q)
+	}
+	if len(ev.Records) != 0 || len(l.Recs) != 0 || len(w.Log) != 0 {
+		t.Fatalf("after %d checks: %d messages left, records %+v, steps %q", stateChecks, len(ev.Records), l.Recs, w.Log)
 	}
 }
 

@@ -195,6 +195,9 @@ type batchRun struct {
 	// asked are the instances EC2 was asked about and answered for: those
 	// absent from its answer it no longer knows.
 	asked map[string]bool
+	// recheck are state messages EC2 did not confirm yet, to send again
+	// (unconfirmedState).
+	recheck []workqueue.Message
 }
 
 // settled says whether id's work is decided for this batch: failed or
@@ -308,6 +311,13 @@ func (b *batchRun) deferLater(ctx context.Context) {
 		b.Metrics.Count(metrics.WorkItemsDeferred, len(ids))
 	}
 	b.later = map[string]error{}
+	if len(b.recheck) > 0 {
+		if err := b.Queue.Send(ctx, DeferDelay, b.recheck...); err != nil {
+			// The sweep records what EC2 lists as gone: nothing is lost.
+			b.Log.LogAttrs(ctx, slog.LevelWarn, "state changes not sent for a check", slog.Int("messages", len(b.recheck)), slog.String("error", err.Error()))
+		}
+		b.recheck = nil
+	}
 }
 
 func indices[T any](s []T) []int {
@@ -342,7 +352,11 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 	}
 	items = r.notInFuture(ctx, id, items)
 	var reconcile bool
-	if sc, ok := r.confirmedState(ctx, id, items, rec, haveRecord, inst, described, b.asked[id]); ok {
+	sc, ok, unconfirmed := r.confirmedState(ctx, id, items, rec, haveRecord, inst, described, b.asked[id])
+	if unconfirmed {
+		b.unconfirmedState(ctx, id, items, inst.State)
+	}
+	if ok {
 		next, write := rec, true
 		if haveRecord {
 			next, write = r.stateChanges(rec, id, inst.Pod, &sc)
@@ -415,13 +429,15 @@ func (r *Reaper) notInFuture(ctx context.Context, id string, items []workqueue.I
 }
 
 // confirmedState is the state change to record for an instance, if any:
-// what EC2 says, never what a message claims. Any principal that can reach
-// the queue could claim "stopped" of a running instance and have it
-// terminated, or date a state in the future.
-//   - EC2 described the instance: its state is the one described; a
-//     message's time is kept when the message agrees on whether the
-//     instance is gone (it says since when), and a message claiming gone
-//     an instance EC2 describes running is refused.
+// what a message claims only as far as EC2 confirms it. Any principal that
+// can reach the queue could claim "stopped" of a running instance and have
+// it terminated, or date a state in the future (notInFuture).
+//   - EC2 described the instance: a message claiming it gone while EC2
+//     describes it running or pending is not confirmed (unconfirmed: it is
+//     checked again later, unconfirmedState). Otherwise the claim is
+//     recorded as far as EC2 has got: its state when EC2 is there or
+//     further on (its time says since when), EC2's own state when the claim
+//     is ahead of it.
 //   - EC2 was asked and no longer knows it (terminated over an hour ago):
 //     a record kept for it, with no gone state yet, is gone now (or since
 //     a message said so), so its Pod ends, lost after the window if no
@@ -429,35 +445,62 @@ func (r *Reaper) notInFuture(ctx context.Context, id string, items []workqueue.I
 //   - EC2 was not asked (a record Reaper checked and terminated, whose
 //     messages are state changes only): a gone state is what Reaper's own
 //     terminate makes true; nothing else is recorded.
-func (r *Reaper) confirmedState(ctx context.Context, id string, items []workqueue.Item, rec ledger.Record, haveRecord bool, inst instances.Instance, described, asked bool) (ledger.StateChange, bool) {
+func (r *Reaper) confirmedState(ctx context.Context, id string, items []workqueue.Item, rec ledger.Record, haveRecord bool, inst instances.Instance, described, asked bool) (sc ledger.StateChange, ok, unconfirmed bool) {
 	claimed, claims := newestState(items)
 	switch {
 	case described:
 		if !claims {
-			return ledger.StateChange{}, false
+			return ledger.StateChange{}, false, false
 		}
-		sc := ledger.StateChange{State: inst.State, At: r.Now(), Rank: model.StateRank(inst.State), Gone: model.IsGone(inst.State)}
-		if claimed.Gone && !sc.Gone {
-			r.Metrics.By(metrics.Reason(metrics.ReasonNotConfirmed)).Count(metrics.StateChangesRefused, 1)
-			r.Log.LogAttrs(ctx, slog.LevelWarn, "state change not confirmed", slog.String("instance", id),
-				slog.String("claimed", claimed.State), slog.String("described", inst.State))
-			return ledger.StateChange{}, false
+		if claimed.Gone && !model.IsGone(inst.State) {
+			return ledger.StateChange{}, false, true
 		}
-		if claimed.Gone == sc.Gone && !claimed.At.After(sc.At) {
-			sc.At = claimed.At
+		sc = claimed
+		if rank := model.StateRank(inst.State); claimed.Rank > rank {
+			sc.State, sc.Rank, sc.Gone = inst.State, rank, model.IsGone(inst.State)
 		}
-		return sc, true
+		return sc, true, false
 	case asked && haveRecord && !rec.Unverified && rec.Gone == nil:
-		sc := ledger.StateChange{State: model.StateTerminated, At: r.Now(), Rank: model.StateRank(model.StateTerminated), Gone: true}
+		sc = ledger.StateChange{State: model.StateTerminated, At: r.Now(), Rank: model.StateRank(model.StateTerminated), Gone: true}
 		if claims && claimed.Gone && !claimed.At.After(sc.At) {
 			sc.At = claimed.At
 		}
 		r.Log.LogAttrs(ctx, slog.LevelWarn, "instance no longer known to EC2", slog.String("instance", id), slog.String("pod", rec.Pod.String()))
-		return sc, true
+		return sc, true, false
 	case claims && haveRecord && claimed.Gone:
-		return claimed, true
+		return claimed, true, false
 	}
-	return ledger.StateChange{}, false
+	return ledger.StateChange{}, false, false
+}
+
+// stateChecks is how often a state message EC2 does not confirm is checked
+// before it is refused: EC2's answers are eventually consistent, within
+// seconds, and DeferDelay apart these checks span minutes. A forged claim
+// is then refused, logged and counted; a real end EC2 was slow to show is
+// recorded at a later check, or by the sweep, which records gone states
+// from EC2's own listing.
+const stateChecks = 5
+
+// unconfirmedState sends again, DeferDelay later, the state messages of id
+// that claim it gone while EC2 describes it as state, each checked once
+// more, and refuses those checked stateChecks times already.
+func (b *batchRun) unconfirmedState(ctx context.Context, id string, items []workqueue.Item, state string) {
+	for _, it := range items {
+		if it.Kind != workqueue.KindState || !model.IsGone(it.State) {
+			continue
+		}
+		if it.Checks+1 < stateChecks {
+			m := it.Message
+			m.Checks++
+			b.mu.Lock()
+			b.recheck = append(b.recheck, m)
+			b.mu.Unlock()
+			continue
+		}
+		b.Metrics.By(metrics.Reason(metrics.ReasonNotConfirmed)).Count(metrics.StateChangesRefused, 1)
+		b.Log.LogAttrs(ctx, slog.LevelWarn, "state change not confirmed", slog.String("instance", id),
+			slog.String("claimed", it.State), slog.Time("at", it.At), slog.String("described", state), slog.Int("checks", it.Checks+1))
+	}
 }
 
 // claimDistrust says why an exit claim is not to be believed, or "". The

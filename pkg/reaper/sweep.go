@@ -210,7 +210,7 @@ func samePlan(a, b Plan) bool {
 
 // adopt records the running owned instances older than cutoff that the
 // ledger has no record of (sweepInputs read theirs): their Pod, from their
-// tags, and their state since launch. One write an instance, once. EC2
+// tags, and nothing else. One write an instance, once. EC2
 // forgets a terminated instance after about an hour; with a record, a
 // late state change or exit still finds the Pod it concerns.
 func (r *Reaper) adopt(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time, sum *SweepSummary) error {
@@ -219,9 +219,7 @@ func (r *Reaper) adopt(ctx context.Context, managed map[string]instances.Instanc
 		if _, ok := records[id]; ok || inst.State != model.StateRunning || !inst.LaunchTime.Before(cutoff) || inst.Pod.UID == "" {
 			continue
 		}
-		rec, err := r.Ledger.RecordState(ctx, id, inst.Pod, ledger.StateChange{
-			State: inst.State, At: inst.LaunchTime, Rank: model.StateRank(inst.State),
-		})
+		rec, err := r.Ledger.Adopt(ctx, id, inst.Pod)
 		if err != nil {
 			errs = append(errs, err)
 			continue

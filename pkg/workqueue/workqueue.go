@@ -58,6 +58,10 @@ type Message struct {
 	// QueuedAt is when the producer sent it (the reconciler measures the
 	// time to its decisions from it).
 	QueuedAt time.Time `json:"queuedAt,omitzero"`
+	// Checks counts the times the reconciler found EC2 not yet in the
+	// state a state message claims (its answers are eventually
+	// consistent); it sends the message again a while later, a few times.
+	Checks int `json:"checks,omitempty"`
 }
 
 // Exit is the message for an exit recorded for instance id.
