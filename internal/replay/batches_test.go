@@ -212,7 +212,7 @@ func TestSweepCost(t *testing.T) {
 	// The fleet is another deployment's as far as the other tests' sweeps
 	// go: this one serves cluster alone.
 	for _, e := range exits {
-		lab.AddTaggedInstance(e.InstanceID, InstanceTags(e.Pod, true, cluster))
+		lab.AddTaggedInstance(e.InstanceID, lab.InstanceTags(e.Pod, true, cluster))
 	}
 	sweeps, err := NewLabWith(ctx, lab.Stack, "reaper-sweepcost-ledger", map[string]string{metrics.FunctionSweeper: lab.Bootstraps[metrics.FunctionSweeper]},
 		LabOptions{Env: []string{"KUBECONFIG=" + kubeconfig, "REAPER_CLUSTER=" + cluster}})

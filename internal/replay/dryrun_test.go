@@ -76,8 +76,10 @@ func TestDryRunDecidesAsTheRealRun(t *testing.T) {
 			final: func(id string, _ model.PodRef) []workqueue.Message {
 				return []workqueue.Message{workqueue.State(id, model.StateStopped, start)}
 			}, want: []string{"ledger state stopped gone", "terminate"}},
-		{name: "lost after the window", world: func(id string, _ *corev1.Pod) { lab.Stack.EC2.SetState(id, ec2server.Terminated) },
+		{name: "lost after the window",
 			seed: func(id string, _ model.PodRef) []workqueue.Message {
+				// EC2 sends the event once the instance is terminated.
+				lab.Stack.EC2.SetState(id, ec2server.Terminated)
 				return []workqueue.Message{workqueue.State(id, model.StateTerminated, start)}
 			}, final: func(id string, _ model.PodRef) []workqueue.Message { return []workqueue.Message{workqueue.Sweep(id)} },
 			after: propWindow + time.Second, want: []string{"pod lost write"}},

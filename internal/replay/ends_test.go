@@ -146,7 +146,7 @@ func TestManualStop(t *testing.T) {
 		t.Cleanup(keep.Stop)
 		sc := prepare(t, "manual-stop-kept", corev1.RestartPolicyNever, nil)
 		id := sc.Instances["stopped-and-kept"]
-		keep.AddTaggedInstance(id, InstanceTags(sc.Pods["stopped-and-kept"], true, cluster))
+		keep.AddTaggedInstance(id, lab.InstanceTags(sc.Pods["stopped-and-kept"], true, cluster))
 		for _, st := range sc.Steps {
 			if st.Function == "statechange" {
 				if err := keep.Play(t.Context(), st, nil); err != nil {

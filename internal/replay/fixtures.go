@@ -89,7 +89,7 @@ func BareContainerID(pod *corev1.Pod) string {
 // as the provider tags it for the stack's cluster (managed=false leaves the
 // managed tag off).
 func (l *Lab) AddInstance(id string, pod *corev1.Pod, managed bool) {
-	l.AddTaggedInstance(id, InstanceTags(pod, managed, localstack.Cluster))
+	l.AddTaggedInstance(id, l.InstanceTags(pod, managed, localstack.Cluster))
 }
 
 // AddTaggedInstance puts a running instance with these tags on the EC2 test
@@ -99,10 +99,12 @@ func (l *Lab) AddTaggedInstance(id string, tags map[string]string) {
 }
 
 // InstanceTags are the launch tags a provider writes for the Pod's
-// instance in cluster (managed=false leaves the managed tag off).
-func InstanceTags(pod *corev1.Pod, managed bool, cluster string) map[string]string {
+// instance in cluster (managed=false leaves the managed tag off), with the
+// identity of the lab's apiserver.
+func (l *Lab) InstanceTags(pod *corev1.Pod, managed bool, cluster string) map[string]string {
 	keys := model.DefaultTagKeys()
 	tags := map[string]string{
+		keys.ClusterUID:   l.ClusterUID,
 		keys.Cluster:      cluster,
 		keys.PodNamespace: pod.Namespace,
 		keys.PodName:      pod.Name,

@@ -21,10 +21,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/esm"
 	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
@@ -116,6 +118,9 @@ type Lab struct {
 	Bootstraps map[string]string
 	// Env is what the functions run with.
 	Env []string
+	// ClusterUID is the identity of the stack's apiserver, which the lab's
+	// instances carry in their cluster identity tag.
+	ClusterUID string
 	// QueueURL is the work queue; DeadLetterURL its dead-letter queue.
 	QueueURL, DeadLetterURL string
 	// Mapping feeds the queue to the reconcilers; nil when no reconciler
@@ -244,8 +249,12 @@ func NewLabWith(ctx context.Context, stack *localstack.Stack, table string, boot
 		Stack: stack, Table: table, Ledger: ledger.New(db, table), Functions: map[string]*localstack.Function{},
 		Bootstraps: bootstraps,
 	}
+	identity, err := stack.Kube.CoreV1().Namespaces().Get(ctx, kube.IdentityNamespace, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("read the cluster identity: %w", err)
+	}
+	l.ClusterUID = string(identity.UID)
 	q := sqs.NewFromConfig(awsCfg)
-	var err error
 	if l.QueueURL, l.DeadLetterURL, err = createQueues(ctx, q, table+"-work", opts); err != nil {
 		return nil, err
 	}

@@ -144,7 +144,7 @@ func runTwoClusters(t *testing.T, shared *ec2server.Server, clock *atomic.Int64,
 		}
 		id := twoInstanceID(n, tp.owner, p)
 		shared.AddInstance(ec2server.Instance{ID: id, State: ec2server.Running, LaunchTime: start.Add(-time.Hour),
-			Tags: InstanceTags(pod, true, s.cluster)})
+			Tags: lab.InstanceTags(pod, true, s.cluster)})
 		if tp.orphan {
 			if err := lab.DeletePod(ctx, s.ns, pod.Name); err != nil {
 				t.Fatal(err)
