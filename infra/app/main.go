@@ -77,7 +77,7 @@ func newStack(app awscdk.App) (awscdk.Stack, *reapercdk.Reaper, error) {
 	output("AgentPolicyArn", "Managed policy to attach to the provider's instance role", r.AgentPolicy.ManagedPolicyArn())
 	output("FailureQueueUrl", "Events that failed every retry", r.FailureQueue.QueueUrl())
 	output("WorkQueueUrl", "Work queue from the other functions to the reconciler (REAPER_QUEUE_URL)", r.WorkQueue.QueueUrl())
-	output("DeadLetterQueueUrl", "Work the reconciler failed MaxReceiveCount times, to inspect (the sweep finds it again; the work queue refuses a redrive)", r.DeadLetterQueue.QueueUrl())
+	output("DeadLetterQueueUrl", "Work the reconciler failed MaxReceiveCount times, to inspect and redrive (with a role of RedriveRoles)", r.DeadLetterQueue.QueueUrl())
 	output("DashboardName", "CloudWatch dashboard of the deployment's metrics and alarms", r.Dashboard.DashboardName())
 	// Only the sweeper and the reconciler talk to Kubernetes.
 	for _, fn := range []struct {
@@ -154,6 +154,7 @@ var knobs = []knob{
 	{"alarmEmail", str(func(p *reapercdk.Props) *string { return &p.AlarmEmail })},
 	{"alarmTopicArn", str(func(p *reapercdk.Props) *string { return &p.AlarmTopicArn })},
 	{"subnetIds", list(func(p *reapercdk.Props) *[]string { return &p.SubnetIDs })},
+	{"redriveRoles", list(func(p *reapercdk.Props) *[]string { return &p.RedriveRoles })},
 	{"securityGroupIds", list(func(p *reapercdk.Props) *[]string { return &p.SecurityGroupIDs })},
 }
 

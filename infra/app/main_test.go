@@ -67,6 +67,7 @@ func TestContextKnobs(t *testing.T) {
 			"alarmEmail":               "oncall@example.com",
 			"subnetIds":                "subnet-0123456789abcdef0, subnet-0fedcba9876543210",
 			"securityGroupIds":         []any{"sg-0123456789abcdef0"},
+			"redriveRoles":             "arn:aws:iam::123456789012:role/ops-redrive",
 		}))
 		if err != nil {
 			t.Fatal(err)
@@ -101,6 +102,12 @@ func TestContextKnobs(t *testing.T) {
 		})
 		tmpl.HasResourceProperties(jsii.String("AWS::SQS::Queue"), map[string]any{
 			"RedrivePolicy": assertions.Match_ObjectLike(&map[string]any{"maxReceiveCount": 8}),
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::SQS::QueuePolicy"), map[string]any{
+			"PolicyDocument": assertions.Match_ObjectLike(&map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{
+				assertions.Match_ObjectLike(&map[string]any{"Sid": "SendOnlyFromReaperFunctions", "Condition": map[string]any{
+					"ArnNotEquals": map[string]any{"aws:PrincipalArn": assertions.Match_ArrayWith(&[]any{"arn:aws:iam::123456789012:role/ops-redrive"})}}}),
+			})}),
 		})
 		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
 			"MetricName": "ApproximateAgeOfOldestMessage", "Threshold": 900,

@@ -117,7 +117,7 @@ func (r *Reaper) metricAlarms() {
 	// Any EC2 error code: they are not known in advance, and every one
 	// leaves an instance Reaper owns billing on.
 	r.alarm("TerminationsRefused", "EC2 refused to terminate instances Reaper owns (any reason: OperationNotPermitted for termination protection, "+
-		"UnauthorizedOperation for a tag the IAM conditions do not match, ...): they bill on, and Reaper asks again only when a sweep finds them; "+
+		"UnauthorizedOperation for a tag the IAM conditions do not match, ...): they bill on, and Reaper asks again an hour later; "+
 		"see the dashboard's reasons and the reconciler's log",
 		r.insightsSum(definition(metrics.TerminationsRefused)), 0)
 }

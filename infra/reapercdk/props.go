@@ -138,6 +138,11 @@ type Props struct {
 	// makes the whole fleet look orphaned. Nil: the functions' default,
 	// 0.1.
 	OrphanCap *float64
+	// RedriveRoles are the ARNs of roles, besides the functions', that may
+	// send to the work queue: the operators' role that redrives dead
+	// letters (a redrive sends with its starter's rights). Every other
+	// principal's sends are denied, whatever its IAM policy grants.
+	RedriveRoles []string
 
 	// MetricsNamespace is the CloudWatch namespace the functions record
 	// their metrics under (REAPER_METRICS_NAMESPACE) and the dashboard and
@@ -361,6 +366,11 @@ func (p Props) Validate() error {
 	}
 	if c := p.OrphanCap; c != nil && !(*c > 0 && *c <= 1) {
 		bad("OrphanCap %v: the fraction of the owned instances a sweep may terminate as orphans must be more than 0 and at most 1", *c)
+	}
+	for _, arn := range p.RedriveRoles {
+		if !strings.HasPrefix(arn, "arn:") || !strings.Contains(arn, ":role/") {
+			bad("RedriveRoles %q: give the ARN of an IAM role", arn)
+		}
 	}
 	if a := p.QueueAgeAlarm; a < time.Minute || a%time.Second != 0 {
 		bad("QueueAgeAlarm %s: SQS reports the oldest message's age each minute; use whole seconds, at least 1m", a)

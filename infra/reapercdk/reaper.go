@@ -286,7 +286,7 @@ func New(scope constructs.Construct, id string, props *Props) *Reaper {
 		})},
 	})
 
-	r.onlyFunctionsSendWork()
+	r.onlyFunctionsSendWork(p.RedriveRoles)
 	r.onlyTriggersInvoke(stack)
 
 	r.alarms()
@@ -350,15 +350,17 @@ func (r *Reaper) workQueue() {
 // purge and reconfigure both queues, this policy included.
 //
 // A dead-letter redrive needs sqs:SendMessage on its destination for
-// whoever starts it, so the work queue refuses a redrive too. Nothing is
-// lost: the sweep finds the work of a failed message again.
-func (r *Reaper) onlyFunctionsSendWork() {
+// whoever starts it: the roles of Props.RedriveRoles may send too. An exit
+// claim in the dead-letter queue is the only record of its exit, so
+// redriving it is how that exit still reaches its Pod.
+func (r *Reaper) onlyFunctionsSendWork(redrivers []string) {
 	var producers []*string
 	for i, fn := range r.Functions() {
 		if functions[i].produces {
 			producers = append(producers, fn.Role().RoleArn())
 		}
 	}
+	producers = append(producers, *jsii.Strings(redrivers...)...)
 	deny := func(sid string, q awssqs.Queue, conditions *map[string]any) {
 		q.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 			Sid:        jsii.String(sid),
@@ -635,7 +637,7 @@ func (r *Reaper) alarms() {
 		r.FailureQueue.MetricApproximateNumberOfMessagesVisible(maximum), 0)
 	r.alarm("DeadLettersVisible", fmt.Sprintf("Reaper work failed %d receives and waits in the work dead-letter queue: "+
 		"its Pods may lack a terminal status and its instances may bill on until a sweep finds the work again; see the reconciler's logs and the messages "+
-		"(the work queue takes messages only from Reaper's functions: a redrive into it is refused)", p.MaxReceiveCount),
+		"(an exit claim there is its exit's only record: once the cause is fixed, redrive with a role of RedriveRoles, the only other senders the work queue accepts)", p.MaxReceiveCount),
 		r.DeadLetterQueue.MetricApproximateNumberOfMessagesVisible(maximum), 0)
 	r.alarm("WorkQueueAge", fmt.Sprintf("Reaper work waited over %s in the work queue: the reconciler falls behind "+
 		"(throttled, failing, or paced by its EC2 share); see its errors, throttles and EC2PacingWait", p.QueueAgeAlarm),

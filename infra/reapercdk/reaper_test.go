@@ -967,6 +967,7 @@ func allOptions() reapercdk.Props {
 		EC2Share:                 0.8,
 		QueueAgeAlarm:            10 * time.Minute,
 		OrphanCap:                jsii.Number(0.25),
+		RedriveRoles:             []string{"arn:aws:iam::123456789012:role/ops-redrive"},
 	}
 }
 
@@ -1007,6 +1008,15 @@ func TestOptions(t *testing.T) {
 		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
 			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{"REAPER_ORPHAN_CAP": assertions.Match_Absent()})},
 		}, jsii.Number(2))
+		// The redrive role may send to the work queue, besides the functions.
+		tmpl.HasResourceProperties(jsii.String("AWS::SQS::QueuePolicy"), map[string]any{
+			"PolicyDocument": assertions.Match_ObjectLike(&map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{
+				assertions.Match_ObjectLike(&map[string]any{
+					"Sid":       "SendOnlyFromReaperFunctions",
+					"Condition": map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": assertions.Match_ArrayWith(&[]any{"arn:aws:iam::123456789012:role/ops-redrive"})}},
+				}),
+			})}),
+		})
 		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
 			"BatchSize": 500, "MaximumBatchingWindowInSeconds": 20, "ScalingConfig": map[string]any{"MaximumConcurrency": 4},
 			"FunctionResponseTypes": []any{"ReportBatchItemFailures"},
@@ -1178,6 +1188,7 @@ func TestValidate(t *testing.T) {
 		"orphan cap zero":    {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(0)}, "OrphanCap 0: "},
 		"orphan cap above 1": {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(1.5)}, "OrphanCap 1.5: "},
 		"orphan cap NaN":     {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(math.NaN())}, "OrphanCap NaN: "},
+		"redrive role":       {reapercdk.Props{EKSCluster: "a", RedriveRoles: []string{"ops-redrive"}}, `RedriveRoles "ops-redrive": give the ARN of an IAM role`},
 		"no bootstrap":       {reapercdk.Props{EKSCluster: "a", BuildDir: t.TempDir()}, "exitrecorder/bootstrap is missing: run `make build`"},
 	} {
 		t.Run(name, func(t *testing.T) {
