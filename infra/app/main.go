@@ -133,6 +133,7 @@ var knobs = []knob{
 	{"tagPodNamespace", str(func(p *reapercdk.Props) *string { return &p.Tags.PodNamespace })},
 	{"tagPodName", str(func(p *reapercdk.Props) *string { return &p.Tags.PodName })},
 	{"tagPodUid", str(func(p *reapercdk.Props) *string { return &p.Tags.PodUID })},
+	{"tagClusterUid", str(func(p *reapercdk.Props) *string { return &p.Tags.ClusterUID })},
 	{"memoryMb", integer(func(p *reapercdk.Props) *int { return &p.MemoryMB })},
 	{"reservedConcurrency", integer(func(p *reapercdk.Props) *int { return &p.ReservedConcurrency })},
 	{"sweepRate", duration(func(p *reapercdk.Props) *time.Duration { return &p.SweepRate })},

@@ -50,6 +50,7 @@ func TestContextKnobs(t *testing.T) {
 			"tagPodNamespace":          "example.com/ns",
 			"tagPodName":               "example.com/pod",
 			"tagPodUid":                "example.com/uid",
+			"tagClusterUid":            "example.com/cluster-uid",
 			"memoryMb":                 "512",
 			"reservedConcurrency":      10.0,
 			"sweepRate":                "2m",
@@ -133,6 +134,7 @@ func TestContextKnobs(t *testing.T) {
 				"REAPER_TAG_POD_NAMESPACE": "example.com/ns",
 				"REAPER_TAG_POD_NAME":      "example.com/pod",
 				"REAPER_TAG_POD_UID":       "example.com/uid",
+				"REAPER_TAG_CLUSTER_UID":   "example.com/cluster-uid",
 				"REAPER_METRICS_NAMESPACE": "Staging/Reaper",
 			})},
 		})

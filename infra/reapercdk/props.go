@@ -251,6 +251,7 @@ func (p Props) withDefaults() Props {
 	orDefault(&p.Tags.PodNamespace, keys.PodNamespace)
 	orDefault(&p.Tags.PodName, keys.PodName)
 	orDefault(&p.Tags.PodUID, keys.PodUID)
+	orDefault(&p.Tags.ClusterUID, keys.ClusterUID)
 	orDefault(&p.MemoryMB, DefaultMemoryMB)
 	orDefault(&p.SweepRate, DefaultSweepRate)
 	orDefault(&p.MaxEventAge, DefaultMaxEventAge)
@@ -304,10 +305,10 @@ func (p Props) Validate() error {
 			bad("MetricsNamespace %q: CloudWatch allows 1 to 255 of a-z A-Z 0-9 . - _ / # : and space, not starting with AWS/", ns)
 		}
 	}
-	tagKeys := []string{p.Tags.Managed, p.Tags.Cluster, p.Tags.PodNamespace, p.Tags.PodName, p.Tags.PodUID}
+	tagKeys := []string{p.Tags.Managed, p.Tags.Cluster, p.Tags.PodNamespace, p.Tags.PodName, p.Tags.PodUID, p.Tags.ClusterUID}
 	slices.Sort(tagKeys)
-	if len(slices.Compact(tagKeys)) != 5 {
-		bad("Tags: the five tag keys must differ, %+v", p.Tags)
+	if len(slices.Compact(tagKeys)) != 6 {
+		bad("Tags: the six tag keys must differ, %+v", p.Tags)
 	}
 	if g := p.EKSAccessEntryGroup; g != "" {
 		if p.EKSCluster == "" {

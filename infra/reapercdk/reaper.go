@@ -439,6 +439,7 @@ func (r *Reaper) environment(spec function) map[string]*string {
 		{"REAPER_TAG_POD_NAMESPACE", p.Tags.PodNamespace, def.PodNamespace},
 		{"REAPER_TAG_POD_NAME", p.Tags.PodName, def.PodName},
 		{"REAPER_TAG_POD_UID", p.Tags.PodUID, def.PodUID},
+		{"REAPER_TAG_CLUSTER_UID", p.Tags.ClusterUID, def.ClusterUID},
 	} {
 		if t.key != t.def {
 			env[t.name] = jsii.String(t.key)

@@ -1157,7 +1157,7 @@ func TestValidate(t *testing.T) {
 		"name not a tag":   {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "a$b"}, `ClusterName "a$b" is not a valid tag value`},
 		"name not a group": {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "on prem"}, `"/reaper/on prem/exits" derived from the cluster is not valid`},
 		"bad group":        {reapercdk.Props{EKSCluster: "a", ExitLogGroupName: "/reaper/a:exits"}, `ExitLogGroupName "/reaper/a:exits"`},
-		"same tag keys":    {reapercdk.Props{EKSCluster: "a", Tags: model.TagKeys{Cluster: "reaper.io/managed"}}, "the five tag keys must differ"},
+		"same tag keys":    {reapercdk.Props{EKSCluster: "a", Tags: model.TagKeys{Cluster: "reaper.io/managed"}}, "the six tag keys must differ"},
 		"system group":     {reapercdk.Props{EKSCluster: "a", EKSAccessEntryGroup: "system:masters"}, "system:"},
 		"sweep seconds":    {reapercdk.Props{EKSCluster: "a", SweepRate: 90 * time.Second}, "SweepRate 1m30s"},
 		"event age":        {reapercdk.Props{EKSCluster: "a", MaxEventAge: 7 * time.Hour}, "MaxEventAge 7h0m0s"},
