@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/reaper-k8s/reaper/pkg/instances"
@@ -214,20 +215,26 @@ func samePlan(a, b Plan) bool {
 // forgets a terminated instance after about an hour; with a record, a
 // late state change or exit still finds the Pod it concerns.
 func (r *Reaper) adopt(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time, sum *SweepSummary) error {
-	var errs []error
+	var ids []string
 	for id, inst := range managed {
-		if _, ok := records[id]; ok || inst.State != model.StateRunning || !inst.LaunchTime.Before(cutoff) || inst.Pod.UID == "" {
-			continue
+		if _, ok := records[id]; !ok && inst.State == model.StateRunning && inst.LaunchTime.Before(cutoff) && inst.Pod.UID != "" {
+			ids = append(ids, id)
 		}
-		rec, err := r.Ledger.Adopt(ctx, id, inst.Pod)
+	}
+	// A fleet launched at once is adopted by one sweep: the writes go out
+	// side by side, as a batch's do.
+	var mu sync.Mutex
+	return forEach(ctx, ledgerWorkers, ids, func(id string) error {
+		rec, err := r.Ledger.Adopt(ctx, id, managed[id].Pod)
 		if err != nil {
-			errs = append(errs, err)
-			continue
+			return err
 		}
+		mu.Lock()
+		defer mu.Unlock()
 		records[id] = rec
 		sum.Adopted++
-	}
-	return errors.Join(errs...)
+		return nil
+	})
 }
 
 // orphans are running owned instances older than cutoff whose Pod no
