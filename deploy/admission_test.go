@@ -18,6 +18,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -354,6 +355,10 @@ func create(t *testing.T, client kubernetes.Interface, obj runtime.Object) {
 		_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, obj, opts)
 	case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
 		_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, obj, opts)
+	case *flowcontrolv1.FlowSchema:
+		_, err = client.FlowcontrolV1().FlowSchemas().Create(ctx, obj, opts)
+	case *flowcontrolv1.PriorityLevelConfiguration:
+		_, err = client.FlowcontrolV1().PriorityLevelConfigurations().Create(ctx, obj, opts)
 	default:
 		t.Fatalf("unexpected object %T", obj)
 	}
