@@ -29,6 +29,10 @@ type Config struct {
 	// OrphanGrace is how old a managed instance with no live Pod must be
 	// before the sweep terminates it (REAPER_ORPHAN_GRACE, default 15m).
 	OrphanGrace time.Duration
+	// PowerOffGrace is how long after a terminal exit a running instance is
+	// left to power itself off before Reaper terminates it
+	// (REAPER_POWER_OFF_GRACE, default 0: at once; at most 15m).
+	PowerOffGrace time.Duration
 	// OrphanCap is the most a sweep terminates as orphans, as a part of the
 	// owned instances running (REAPER_ORPHAN_CAP, default 0.1, in (0, 1]):
 	// a wrong Kubernetes endpoint makes every instance look orphaned.
@@ -143,6 +147,7 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		parse(getenv, "REAPER_EXIT_WAIT", &c.ExitWait, positiveDuration),
 		parse(getenv, "REAPER_ORPHAN_GRACE", &c.OrphanGrace, positiveDuration),
 		parse(getenv, "REAPER_ORPHAN_CAP", &c.OrphanCap, share),
+		parse(getenv, "REAPER_POWER_OFF_GRACE", &c.PowerOffGrace, grace),
 		parse(getenv, "REAPER_LOG_LEVEL", &c.LogLevel, logLevel),
 	)
 	if v := getenv(metrics.NamespaceEnv); v != "" {
@@ -193,6 +198,16 @@ func positiveDuration(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(s)
 	if err == nil && d <= 0 {
 		err = errors.New("must be positive")
+	}
+	return d, err
+}
+
+// grace is a duration from 0 to 15m: a wake-up waits on the work queue,
+// whose longest delay is 15 minutes.
+func grace(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err == nil && (d < 0 || d > 15*time.Minute) {
+		err = errors.New("must be from 0 to 15m")
 	}
 	return d, err
 }

@@ -23,7 +23,8 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Cluster != "prod" || c.Tags.Cluster != "reaper.io/cluster" || c.MetricsNamespace != "Reaper" || c.ExitWait != 3*time.Minute || c.OrphanGrace != 15*time.Minute || !c.TerminateStopped || c.DryRun ||
-		c.Tags.Managed != "reaper.io/managed" || c.Tags.PodUID != "reaper.io/pod-uid" || c.Kube.Kubeconfig != "/k" {
+		c.Tags.Managed != "reaper.io/managed" || c.Tags.PodUID != "reaper.io/pod-uid" || c.Kube.Kubeconfig != "/k" ||
+		c.OrphanCap != 0.1 || c.PowerOffGrace != 0 || c.Tags.ClusterUID != "reaper.io/cluster-uid" {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -33,9 +34,13 @@ func TestOverrides(t *testing.T) {
 		"REAPER_QUEUE_URL", "http://q", "REAPER_EC2_SHARE", "0.8", "REAPER_RECONCILER_CONCURRENCY", "4", "REAPER_EC2_LIMITS", "terminate-instances=5000/100",
 		"REAPER_TAG_CLUSTER", "example.com/cluster", "REAPER_METRICS_NAMESPACE", "Reaper/prod",
 		"REAPER_EXIT_WAIT", "90s", "REAPER_ORPHAN_GRACE", "1h", "REAPER_TERMINATE_STOPPED", "false",
-		"REAPER_TAG_MANAGED", "example.com/reap", "REAPER_LOG_LEVEL", "debug"))
+		"REAPER_TAG_MANAGED", "example.com/reap", "REAPER_LOG_LEVEL", "debug",
+		"REAPER_ORPHAN_CAP", "0.25", "REAPER_POWER_OFF_GRACE", "30s", "REAPER_TAG_CLUSTER_UID", "example.com/cluster-uid"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.OrphanCap != 0.25 || c.PowerOffGrace != 30*time.Second || c.Tags.ClusterUID != "example.com/cluster-uid" {
+		t.Fatalf("orphan cap, power-off grace, identity tag: %+v", c)
 	}
 	if !c.DryRun || c.ExitWait != 90*time.Second || c.OrphanGrace != time.Hour || c.TerminateStopped ||
 		c.Tags.Managed != "example.com/reap" || c.Tags.Cluster != "example.com/cluster" || c.MetricsNamespace != "Reaper/prod" || c.Kube.EKSCluster != "prod" || c.LogLevel.String() != "DEBUG" ||
@@ -47,13 +52,15 @@ func TestOverrides(t *testing.T) {
 // Every bad setting is reported at once, on one line.
 func TestBadSettings(t *testing.T) {
 	_, err := FromEnv(env("REAPER_DRY_RUN", "maybe", "REAPER_EXIT_WAIT", "-1m", "REAPER_ORPHAN_GRACE", "soon",
-		"REAPER_EKS_CLUSTER", "a", "REAPER_KUBECONFIG_SECRET", "b", "REAPER_EC2_SHARE", "2", "REAPER_EC2_LIMITS", "describe=many"))
+		"REAPER_EKS_CLUSTER", "a", "REAPER_KUBECONFIG_SECRET", "b", "REAPER_EC2_SHARE", "2", "REAPER_EC2_LIMITS", "describe=many",
+		"REAPER_ORPHAN_CAP", "0", "REAPER_POWER_OFF_GRACE", "1h"))
 	if err == nil {
 		t.Fatal("accepted")
 	}
 	msg := err.Error()
 	for _, want := range []string{"REAPER_TABLE is not set", "REAPER_CLUSTER is not set", `REAPER_DRY_RUN="maybe"`, `REAPER_EXIT_WAIT="-1m": must be positive`,
-		`REAPER_ORPHAN_GRACE="soon"`, "only one of REAPER_EKS_CLUSTER and REAPER_KUBECONFIG_SECRET"} {
+		`REAPER_ORPHAN_GRACE="soon"`, "only one of REAPER_EKS_CLUSTER and REAPER_KUBECONFIG_SECRET",
+		`REAPER_ORPHAN_CAP="0": must be more than 0`, `REAPER_POWER_OFF_GRACE="1h": must be from 0 to 15m`} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not mention %q", msg, want)
 		}

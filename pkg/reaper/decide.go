@@ -19,6 +19,13 @@ type Policy struct {
 	// TerminateStopped terminates managed instances that stop: a stopped
 	// one-Pod instance does no work but still bills its volumes.
 	TerminateStopped bool
+	// PowerOffGrace is how long after a terminal exit's finishedAt an
+	// instance still running is left to power itself off, as the default
+	// user-data's hosts do within seconds of their exit line shipping,
+	// before Reaper terminates it (0: at once). Reaper's terminate is then
+	// the safety net, and the account's terminate buckets are spent only
+	// on hosts that did not power off.
+	PowerOffGrace time.Duration
 	// OrphanCap is the most a sweep terminates as orphans, as a part of the
 	// owned instances running (0: no cap). The rest stay running, counted
 	// (metrics.OrphansHeldBack), until a later sweep.
@@ -34,8 +41,13 @@ type Plan struct {
 	// WaitUntil is set when the instance is gone without an exit line and
 	// the exit-wait window is still open: nothing is decided before then.
 	// It is also when an instance EC2 refused to terminate is asked for
-	// again.
+	// again, and when one whose host is given time to power off is
+	// terminated (TerminateAt).
 	WaitUntil time.Time
+	// TerminateAt is set while the instance of a terminal exit has its
+	// power-off grace (Policy.PowerOffGrace): it is terminated then, unless
+	// EC2 reports it gone first.
+	TerminateAt time.Time
 }
 
 // RefusalBackoff is how long after EC2 refused to terminate an instance
@@ -59,11 +71,13 @@ func Decide(rec ledger.Record, now time.Time, p Policy) Plan {
 	// the ledger's: the terminate step asks it (one lookup) and counts an
 	// instance already gone as done.
 	if rec.Terminated.IsZero() && wantTerminated(rec, p) {
-		if r := rec.TerminateRefused; r != nil && now.Before(r.At.Add(RefusalBackoff)) {
-			if retry := r.At.Add(RefusalBackoff); retry.After(plan.WaitUntil) {
-				plan.WaitUntil = retry
-			}
-		} else {
+		switch r := rec.TerminateRefused; {
+		case r != nil && now.Before(r.At.Add(RefusalBackoff)):
+			plan.WaitUntil = later(plan.WaitUntil, r.At.Add(RefusalBackoff))
+		case poweringOff(rec, now, p):
+			plan.TerminateAt = rec.Exit.FinishedAt.Add(p.PowerOffGrace)
+			plan.WaitUntil = later(plan.WaitUntil, plan.TerminateAt)
+		default:
 			plan.Terminate = true
 		}
 	}
@@ -71,6 +85,21 @@ func Decide(rec ledger.Record, now time.Time, p Policy) Plan {
 }
 
 var lostKey = model.Outcome{}.Key()
+
+// poweringOff says whether the instance of rec's terminal exit is still
+// within its power-off grace: EC2 has reported no end of it, and the grace
+// since the exit's finishedAt has not passed.
+func poweringOff(rec ledger.Record, now time.Time, p Policy) bool {
+	return p.PowerOffGrace > 0 && rec.Gone == nil && rec.Exit != nil && rec.Exit.Terminal() &&
+		now.Before(rec.Exit.FinishedAt.Add(p.PowerOffGrace))
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
 
 // outcomeOf is what the Pod must say, if anything is known yet. A terminal
 // exit line, however late, wins over "lost" while the Pod is not yet

@@ -41,6 +41,12 @@ func TestDecide(t *testing.T) {
 		{name: "restart pending, instance gone inside window", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("terminated") }), now: t0.Add(time.Minute), wait: true},
 		{name: "restart pending, instance gone, window passed", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("terminated") }), now: t0.Add(3 * time.Minute), pod: "lost"},
 		{name: "restart pending, stopped: terminate, pod later", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("stopped") }), now: t0, terminate: true, wait: true},
+		{name: "powering off: the Pod now, the instance after the grace", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt = t0 }), now: t0.Add(10 * time.Second),
+			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", wait: true},
+		{name: "powering off, grace passed", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt = t0 }), now: t0.Add(30 * time.Second),
+			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", terminate: true},
+		{name: "powered off inside the grace", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt, r.Gone, r.PodSynced = t0, gone("shutting-down"), "exit/1" }), now: t0.Add(10 * time.Second),
+			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, terminate: true},
 		{name: "restart pending, terminal line inside window wins", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/0", gone("terminated") }), now: t0.Add(time.Minute), pod: "exit/1", terminate: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

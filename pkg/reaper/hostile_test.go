@@ -257,3 +257,38 @@ func TestInstanceEC2Forgot(t *testing.T) {
 		})
 	}
 }
+
+// With a power-off grace, a terminal exit's Pod is written at once and its
+// instance is left to power itself off; a wake-up on the queue has the
+// record looked at again when the grace ends, and an instance still
+// running then is terminated.
+func TestPowerOffGrace(t *testing.T) {
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
+	w.Pods[podOf(1)] = true
+	core, l, q := newBatchCore(w)
+	core.Policy.PowerOffGrace = 30 * time.Second
+	msg := exitMsg(1, 0) // finished a minute before testNow
+	msg.Exit.FinishedAt = testNow().Add(-10 * time.Second)
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, msg)); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"pod jobs/job-1 exit/0"}; !slices.Equal(w.Log, want) {
+		t.Fatalf("steps %q, want %q", w.Log, want)
+	}
+	if rec := l.Recs[instanceOf(1)]; rec.Pending == "" || !rec.Terminated.IsZero() {
+		t.Fatalf("record %+v, want it pending, not terminated", rec)
+	}
+	if len(q.Sent) != 1 || q.Sent[0].Delay != 21*time.Second || q.Sent[0].Msgs[0].Kind != workqueue.KindSweep {
+		t.Fatalf("sent %+v, want a wake-up when the grace ends", q.Sent)
+	}
+	core.Now = func() time.Time { return testNow().Add(21 * time.Second) }
+	if _, err := core.HandleQueueEvent(t.Context(), redeliver(t, q)); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"pod jobs/job-1 exit/0", "terminate [" + instanceOf(1) + "]"}; !slices.Equal(w.Log, want) {
+		t.Fatalf("steps %q, want %q", w.Log, want)
+	}
+	if rec := l.Recs[instanceOf(1)]; rec.Pending != "" || rec.Terminated.IsZero() {
+		t.Fatalf("record %+v, want it settled", rec)
+	}
+}

@@ -173,6 +173,9 @@ func (r *Reaper) ReconcileBatch(ctx context.Context, byInstance map[string][]wor
 			sum.Terminated++
 		}
 		b.settle(rep.InstanceID, errs[i])
+		if !rep.Plan.TerminateAt.IsZero() && errs[i] == nil {
+			b.wakeAt(rep.InstanceID, rep.Plan.TerminateAt)
+		}
 	}
 	for id, err := range r.terminateOrphans(ctx, p, orphans, records, known, sum) {
 		b.settle(id, err)
@@ -198,6 +201,20 @@ type batchRun struct {
 	// recheck are state messages EC2 did not confirm yet, to send again
 	// (unconfirmedState).
 	recheck []workqueue.Message
+	// wake are the instances to look at again, by how much later: those
+	// whose host has its power-off grace (Plan.TerminateAt).
+	wake map[time.Duration][]workqueue.Message
+}
+
+// wakeAt has the instance's record looked at again just after at: its
+// instance is then terminated unless EC2 reported it gone by then. The
+// sweep would find it too, up to a sweep later.
+func (b *batchRun) wakeAt(id string, at time.Time) {
+	delay := min(max(at.Sub(b.Now()).Truncate(time.Second)+time.Second, 0), workqueue.MaxDelay)
+	if b.wake == nil {
+		b.wake = map[time.Duration][]workqueue.Message{}
+	}
+	b.wake[delay] = append(b.wake[delay], workqueue.Sweep(id))
 }
 
 // settled says whether id's work is decided for this batch: failed or
@@ -311,6 +328,13 @@ func (b *batchRun) deferLater(ctx context.Context) {
 		b.Metrics.Count(metrics.WorkItemsDeferred, len(ids))
 	}
 	b.later = map[string]error{}
+	for delay, msgs := range b.wake {
+		if err := b.Queue.Send(ctx, delay, msgs...); err != nil {
+			// The sweep queues the work once the grace has passed.
+			b.Log.LogAttrs(ctx, slog.LevelWarn, "wake-ups not sent", slog.Int("messages", len(msgs)), slog.String("error", err.Error()))
+		}
+	}
+	b.wake = nil
 	if len(b.recheck) > 0 {
 		if err := b.Queue.Send(ctx, DeferDelay, b.recheck...); err != nil {
 			// The sweep records what EC2 lists as gone: nothing is lost.
