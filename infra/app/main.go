@@ -150,6 +150,7 @@ var knobs = []knob{
 		p.OrphanCap = &f
 		return err
 	}},
+	{"powerOffGrace", duration(func(p *reapercdk.Props) *time.Duration { return &p.PowerOffGrace })},
 	{"metricsNamespace", str(func(p *reapercdk.Props) *string { return &p.MetricsNamespace })},
 	{"terminateLatencyAlarm", duration(func(p *reapercdk.Props) *time.Duration { return &p.TerminateLatencyAlarm })},
 	{"alarmEmail", str(func(p *reapercdk.Props) *string { return &p.AlarmEmail })},

@@ -138,6 +138,11 @@ type Props struct {
 	// makes the whole fleet look orphaned. Nil: the functions' default,
 	// 0.1.
 	OrphanCap *float64
+	// PowerOffGrace is REAPER_POWER_OFF_GRACE of the sweeper and the
+	// reconciler: how long after a terminal exit an instance still running
+	// is left to power itself off (the default user-data's hosts do within
+	// seconds) before Reaper terminates it, 0 to 15m. Zero: at once.
+	PowerOffGrace time.Duration
 	// RedriveRoles are the ARNs of roles, besides the functions', that may
 	// send to the work queue: the operators' role that redrives dead
 	// letters (a redrive sends with its starter's rights). Every other
@@ -367,6 +372,9 @@ func (p Props) Validate() error {
 	}
 	if c := p.OrphanCap; c != nil && !(*c > 0 && *c <= 1) {
 		bad("OrphanCap %v: the fraction of the owned instances a sweep may terminate as orphans must be more than 0 and at most 1", *c)
+	}
+	if g := p.PowerOffGrace; g < 0 || g > 15*time.Minute || g%time.Second != 0 {
+		bad("PowerOffGrace %s: use whole seconds from 0 to 15m (a wake-up waits on the work queue, at most 15 minutes)", g)
 	}
 	for _, arn := range p.RedriveRoles {
 		if !strings.HasPrefix(arn, "arn:") || !strings.Contains(arn, ":role/") {

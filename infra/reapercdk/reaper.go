@@ -67,7 +67,8 @@ type function struct {
 	// terminates: ec2:TerminateInstances, on owned instances only.
 	terminates bool
 	// orphans: finds or terminates orphans, as many per sweep as
-	// REAPER_ORPHAN_CAP allows (Props.OrphanCap).
+	// REAPER_ORPHAN_CAP allows (Props.OrphanCap), and decides when to
+	// terminate (REAPER_POWER_OFF_GRACE, Props.PowerOffGrace).
 	orphans bool
 	// kube: reads or writes Pods: the access entry, eks:DescribeCluster or
 	// the kubeconfig secret, and the variables that name them.
@@ -431,6 +432,9 @@ func (r *Reaper) environment(spec function) map[string]*string {
 	}
 	if spec.orphans && p.OrphanCap != nil {
 		env["REAPER_ORPHAN_CAP"] = jsii.String(strconv.FormatFloat(*p.OrphanCap, 'g', -1, 64))
+	}
+	if spec.orphans && p.PowerOffGrace > 0 {
+		env["REAPER_POWER_OFF_GRACE"] = jsii.String(p.PowerOffGrace.String())
 	}
 	def := model.DefaultTagKeys()
 	for _, t := range []struct{ name, key, def string }{

@@ -968,6 +968,7 @@ func allOptions() reapercdk.Props {
 		QueueAgeAlarm:            10 * time.Minute,
 		OrphanCap:                jsii.Number(0.25),
 		RedriveRoles:             []string{"arn:aws:iam::123456789012:role/ops-redrive"},
+		PowerOffGrace:            30 * time.Second,
 	}
 }
 
@@ -998,11 +999,12 @@ func TestOptions(t *testing.T) {
 				"REAPER_EC2_SHARE": "0.8", "REAPER_RECONCILER_CONCURRENCY": "4",
 			})},
 		})
-		// The orphan cap goes to the functions that find and terminate
-		// orphans, the sweeper and the reconciler, and to no other.
+		// The orphan cap and the power-off grace go to the functions that
+		// decide terminations, the sweeper and the reconciler, and to no
+		// other.
 		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
 			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
-				"REAPER_ORPHAN_CAP": "0.25", "REAPER_EKS_CLUSTER": "prod",
+				"REAPER_ORPHAN_CAP": "0.25", "REAPER_POWER_OFF_GRACE": "30s", "REAPER_EKS_CLUSTER": "prod",
 			})},
 		}, jsii.Number(2))
 		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
@@ -1189,6 +1191,7 @@ func TestValidate(t *testing.T) {
 		"orphan cap above 1": {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(1.5)}, "OrphanCap 1.5: "},
 		"orphan cap NaN":     {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(math.NaN())}, "OrphanCap NaN: "},
 		"redrive role":       {reapercdk.Props{EKSCluster: "a", RedriveRoles: []string{"ops-redrive"}}, `RedriveRoles "ops-redrive": give the ARN of an IAM role`},
+		"power-off grace":    {reapercdk.Props{EKSCluster: "a", PowerOffGrace: 20 * time.Minute}, "PowerOffGrace 20m0s: use whole seconds from 0 to 15m"},
 		"no bootstrap":       {reapercdk.Props{EKSCluster: "a", BuildDir: t.TempDir()}, "exitrecorder/bootstrap is missing: run `make build`"},
 	} {
 		t.Run(name, func(t *testing.T) {
