@@ -19,7 +19,7 @@ import (
 func TestPowerOffGrace(t *testing.T) {
 	const (
 		cluster = "reaper-power-off"
-		grace   = 4 * time.Second
+		grace   = 10 * time.Second
 	)
 	ctx := t.Context()
 	bins := map[string]string{}
@@ -42,20 +42,18 @@ func TestPowerOffGrace(t *testing.T) {
 		pods[name] = pod
 		hosts.AddTaggedInstance(id, lab.InstanceTags(pod, true, cluster))
 	}
-	start := time.Now()
-	for name, id := range ids {
-		payload, err := ExitPayload(id, pods[name], 0, 1)
+	exit := func(name string) {
+		payload, err := ExitPayload(ids[name], pods[name], 0, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := hosts.Invoke(ctx, "exitrecorder", payload, nil); err != nil {
 			t.Fatal(err)
 		}
-	}
-	for name := range ids {
 		wantEnded(t, getPod(t, "power-off", name), corev1.PodSucceeded, 0, "Completed")
 	}
-	// One host powers itself off, and EC2 says so.
+	// One host powers itself off right after its exit, and EC2 says so.
+	exit("powers-off")
 	for _, state := range []string{model.StateShuttingDown, model.StateTerminated} {
 		b, err := json.Marshal(StateChangeEvent("power-off-"+state, ids["powers-off"], state, time.Now()))
 		if err != nil {
@@ -65,6 +63,9 @@ func TestPowerOffGrace(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The other stays on.
+	start := time.Now()
+	exit("stays-on")
 	// The other is terminated once its grace has passed.
 	var terminated time.Time
 	for deadline := start.Add(grace + 15*time.Second); terminated.IsZero(); time.Sleep(100 * time.Millisecond) {
