@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -27,6 +28,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/esm"
 	"github.com/reaper-k8s/reaper/internal/kubeproxy"
 	"github.com/reaper-k8s/reaper/internal/localstack"
@@ -57,9 +59,15 @@ type BurstOptions struct {
 	// Limits are the buckets the reconcilers pace themselves at
 	// (REAPER_EC2_LIMITS; default ScaledLimits(Scale)).
 	Limits string
-	// StateChanges also delivers, for each instance terminated, the
-	// shutting-down and terminated events EventBridge sends.
+	// StateChanges also delivers, for each instance that ends, the
+	// shutting-down and terminated events EventBridge sends: once per
+	// instance and state, whether Reaper terminated it or its host powered
+	// itself off (Hosts).
 	StateChanges bool
+	// Hosts, when not nil, model the instances' hosts, which power
+	// themselves off after their exit line; without it an instance runs
+	// until Reaper terminates it.
+	Hosts *Hosts
 	// Progress, when not nil, shows a one-line progress indicator.
 	Progress io.Writer
 	// Lab shapes the lab. Its BatchingWindow and QueueVisibility default
@@ -89,7 +97,87 @@ func (o BurstOptions) withDefaults() BurstOptions {
 	if o.Lab.QueueVisibility == 0 {
 		o.Lab.QueueVisibility = 30 * time.Minute
 	}
+	if o.Hosts != nil {
+		h := o.Hosts.withDefaults()
+		o.Hosts = &h
+	}
 	return o
+}
+
+// Hosts model hosts that power themselves off after their exit line, as
+// the default user-data's do (userdata.ShutdownWhenShipped): each host
+// powers off a random time from PowerOffMin to PowerOffMax after its exit
+// line is delivered, except a NeverPowerOff part of them, which stay on
+// until Reaper terminates them. Powering off is what EC2 shows of it: the
+// instance is shutting-down at once and terminated ShutdownTime later (on
+// the EC2 test server, SetState; a host that finds its instance no longer
+// running, because Reaper terminated it first, does nothing). With
+// StateChanges, EventBridge's event follows each of the two states.
+//
+// The draws come from a generator seeded with Seed, one draw per exit in
+// the order of the exits: the same seed and number of exits power off the
+// same hosts at the same offsets from their deliveries.
+type Hosts struct {
+	// PowerOffMin and PowerOffMax bound a host's power-off after its
+	// delivery (defaults 3 s and 7 s).
+	PowerOffMin, PowerOffMax time.Duration
+	// NeverPowerOff is the part of the hosts, from 0 to 1, that never power
+	// off: round(NeverPowerOff·Exits) of them, picked at random.
+	NeverPowerOff float64
+	// ShutdownTime is how long a host that powers off stays shutting-down
+	// before EC2 reports it terminated (default 1 s). The EC2 test server
+	// settles Reaper's terminations at once.
+	ShutdownTime time.Duration
+	// LineAgeMin and LineAgeMax bound how long before its delivery each exit
+	// line was written, its finishedAt: CloudWatch Logs delivers a line a
+	// moment after the agent ships it (default 0, delivered as written).
+	// Without Hosts a line's finishedAt is when its Pod was created.
+	LineAgeMin, LineAgeMax time.Duration
+	Seed                   uint64
+}
+
+func (h Hosts) withDefaults() Hosts {
+	if h.PowerOffMin == 0 && h.PowerOffMax == 0 {
+		h.PowerOffMin, h.PowerOffMax = 3*time.Second, 7*time.Second
+	}
+	if h.ShutdownTime == 0 {
+		h.ShutdownTime = time.Second
+	}
+	return h
+}
+
+func (h Hosts) check() error {
+	if h.PowerOffMin < 0 || h.PowerOffMax < h.PowerOffMin || h.LineAgeMin < 0 || h.LineAgeMax < h.LineAgeMin ||
+		h.ShutdownTime < 0 || h.NeverPowerOff < 0 || h.NeverPowerOff > 1 {
+		return fmt.Errorf("burst: hosts %+v: want 0 ≤ min ≤ max for the power-off and the line age, a shutdown time of at least 0 and a part never powering off in [0, 1]", h)
+	}
+	return nil
+}
+
+// hostPlan is what one host will do.
+type hostPlan struct {
+	powersOff bool
+	// after is how long after the delivery it powers off; lineAge how long
+	// before the delivery its exit line was written.
+	after, lineAge time.Duration
+}
+
+// plan draws what each of n hosts will do.
+func (h Hosts) plan(n int) []hostPlan {
+	rng := rand.New(rand.NewPCG(h.Seed, 0x6057))
+	out := make([]hostPlan, n)
+	never := int(math.Round(h.NeverPowerOff * float64(n)))
+	for k, i := range rng.Perm(n) {
+		out[i].powersOff = k >= never
+	}
+	between := func(lo, hi time.Duration) time.Duration {
+		return lo + time.Duration(rng.Int64N(int64(hi-lo)+1))
+	}
+	for i := range out {
+		out[i].after = between(h.PowerOffMin, h.PowerOffMax)
+		out[i].lineAge = between(h.LineAgeMin, h.LineAgeMax)
+	}
+	return out
 }
 
 // Burst is a lab for bursts of exits: its own ledger table and work queue,
@@ -120,6 +208,11 @@ func NewBurst(ctx context.Context, stack *localstack.Stack, table string, bootst
 	opts = opts.withDefaults()
 	if opts.Exits < 1 || opts.Scale <= 0 || opts.Share <= 0 || opts.Share > 1 {
 		return nil, fmt.Errorf("burst: %d exits, scale %v, share %v: want at least one exit, a positive scale and a share in (0, 1]", opts.Exits, opts.Scale, opts.Share)
+	}
+	if opts.Hosts != nil {
+		if err := opts.Hosts.check(); err != nil {
+			return nil, err
+		}
 	}
 	names := []string{metrics.FunctionExitRecorder, metrics.FunctionReconciler}
 	if opts.StateChanges {
@@ -241,6 +334,28 @@ type BurstPod struct {
 	// Terminates counts the TerminateInstances operations that succeeded
 	// naming it: an SDK retry of an operation is the same operation.
 	Terminates int
+	// With Hosts: PowersOff says its host was drawn to power itself off,
+	// and PoweredOff is when it did (zero if it never did, or found its
+	// instance already ended by Reaper).
+	PowersOff  bool
+	PoweredOff time.Time
+	// EndState is the instance's state on the EC2 test server once the
+	// burst is over.
+	EndState ec2server.State
+}
+
+// Gone is when the instance first ended: Reaper's first successful
+// TerminateInstances naming it or its host's power-off, whichever came
+// first (zero if neither did).
+func (p BurstPod) Gone() time.Time {
+	switch {
+	case p.ShuttingDown.IsZero():
+		return p.PoweredOff
+	case p.PoweredOff.IsZero() || p.ShuttingDown.Before(p.PoweredOff):
+		return p.ShuttingDown
+	default:
+		return p.PoweredOff
+	}
 }
 
 // BatchCost is one reconciler invocation: its batch line and the
@@ -285,6 +400,39 @@ type BurstResult struct {
 	Batches []BatchCost
 	// DeadLettered is the dead-letter queue's depth after the burst.
 	DeadLettered int
+	// TerminateNamed counts the burst's instances named in at least one
+	// TerminateInstances request, whatever its answer: what the account's
+	// TerminateInstances resource bucket was asked for. PoweredOff counts
+	// the hosts that powered their instance off (BurstPod.PoweredOff).
+	TerminateNamed, PoweredOff int
+}
+
+// AllGone is the time from the first delivery until the last instance was
+// gone (BurstPod.Gone), and whether every one was.
+func (r *BurstResult) AllGone() (time.Duration, bool) {
+	var last time.Time
+	for _, p := range r.Pods {
+		g := p.Gone()
+		if g.IsZero() {
+			return 0, false
+		}
+		if g.After(last) {
+			last = g
+		}
+	}
+	return last.Sub(r.FirstDelivery), true
+}
+
+// StillRunning are the instances the EC2 test server did not report
+// shutting-down or terminated once the burst was over.
+func (r *BurstResult) StillRunning() []string {
+	var out []string
+	for _, p := range r.Pods {
+		if !model.IsEnding(string(p.EndState)) {
+			out = append(out, p.InstanceID)
+		}
+	}
+	return out
 }
 
 // AllShuttingDown is the time from the first delivery until the last
@@ -327,17 +475,19 @@ func (r *BurstResult) TerminateFloor(share float64) time.Duration {
 
 // Run lets the burst's Pods end at once: it creates Exits running Pods
 // with tagged instances, delivers their exit payloads through the
-// exitrecorders in parallel (with StateChanges also the state-change
-// events of each terminated instance), waits until the work queue is
-// drained, and reports what it took. Every seventh Pod exits 1, the others
-// 0. The EC2 test server must be the burst's alone while it runs.
+// exitrecorders in parallel (with Hosts the hosts then power off; with
+// StateChanges the state-change events of each instance that ends are
+// delivered too), waits until every host has done what it will and the
+// work queue is drained, and reports what it took. Every seventh Pod
+// exits 1, the others 0. The EC2 test server must be the burst's alone
+// while it runs.
 func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 	run := burstRuns.Add(1)
 	n := b.opts.Exits
 	stack := b.Lab.Stack
 	res := &BurstResult{Exits: n, Scale: b.opts.Scale, Share: b.opts.Share, Namespace: fmt.Sprintf("burst-%d", run), Pods: make([]BurstPod, n)}
 	bar := NewProgress(b.opts.Progress, "burst", n)
-	payloads, err := b.createPods(ctx, run, res, bar)
+	exits, err := b.createPods(ctx, run, res, bar)
 	if err != nil {
 		return nil, err
 	}
@@ -362,21 +512,32 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 		logsBefore[i] = len(f.Logs())
 	}
 
-	var delivered, shuttingDown atomic.Int64
+	var delivered atomic.Int64
+	gone := &goneSet{ids: map[string]bool{}}
 	stopBar := bar.Follow(func() (int, string) {
-		return int(shuttingDown.Load()), fmt.Sprintf("exits: %d delivered, instances shutting down", delivered.Load())
+		return gone.len(), fmt.Sprintf("exits: %d delivered, instances gone", delivered.Load())
 	})
 	stopCounting := make(chan struct{})
 
 	var states *stateSender
 	if b.opts.StateChanges {
-		states = b.startStateChanges(ctx, ec2Before, byInstance, &shuttingDown)
+		states = b.startStateChanges(ctx, ec2Before, byInstance, gone)
 	} else {
-		go countShuttingDown(stopCounting, stack, ec2Before, byInstance, &shuttingDown)
+		go countGone(stopCounting, stack, ec2Before, byInstance, gone)
+	}
+	var hosts *hostRun
+	if h := b.opts.Hosts; h != nil {
+		hosts = newHostRun(ctx, stack, *h, res.Pods, states, gone)
+		// On an early return too, no host may touch an instance after Run.
+		defer hosts.stop()
 	}
 	res.FirstDelivery = time.Now()
-	deliverErr := b.deliver(ctx, res, payloads, &delivered)
+	deliverErr := b.deliver(ctx, res, exits, &delivered, hosts)
 	res.Delivering = time.Since(res.FirstDelivery)
+	if hosts != nil {
+		// Every host that powers off has done so before the counts.
+		hosts.wait()
+	}
 	errs := []error{deliverErr, b.Lab.Drain(ctx)}
 	if states != nil {
 		res.StateEvents, err = states.finish()
@@ -421,7 +582,7 @@ func (p *Progress) Follow(state func() (done int, what string)) (stop func()) {
 
 // createPods creates the running Pods and their instances and returns the
 // exit payloads.
-func (b *Burst) createPods(ctx context.Context, run int64, res *BurstResult, bar *Progress) ([][]byte, error) {
+func (b *Burst) createPods(ctx context.Context, run int64, res *BurstResult, bar *Progress) ([]Exit, error) {
 	exits, err := b.Lab.CreateExits(ctx, res.Namespace, len(res.Pods), func(i int) (string, string, int) {
 		code := 0
 		if i%7 == 6 {
@@ -433,14 +594,12 @@ func (b *Burst) createPods(ctx context.Context, run int64, res *BurstResult, bar
 			bar.Step(0, fmt.Sprintf("creating Pods: %d", created))
 		}
 	})
-	payloads := make([][]byte, len(exits))
 	for i, e := range exits {
 		if e.Pod != nil {
 			res.Pods[i] = BurstPod{Name: e.Pod.Name, InstanceID: e.InstanceID, ExitCode: e.Code}
 		}
-		payloads[i] = e.Payload
 	}
-	return payloads, err
+	return exits, err
 }
 
 // Exit is a running Pod on a managed instance of its own, with the
@@ -512,27 +671,143 @@ func ExitPayload(instanceID string, pod *corev1.Pod, code, seq int) ([]byte, err
 	return json.Marshal(ev)
 }
 
-// deliver hands every payload to the exitrecorders, one invocation at a
-// time each, and checks each summary.
-func (b *Burst) deliver(ctx context.Context, res *BurstResult, payloads [][]byte, delivered *atomic.Int64) error {
+// deliver hands every exit's payload to the exitrecorders, one invocation
+// at a time each, and checks each summary. With hosts, each payload is
+// made as it goes out, its line written lineAge before, and its host is
+// told when it was delivered.
+func (b *Burst) deliver(ctx context.Context, res *BurstResult, exits []Exit, delivered *atomic.Int64, hosts *hostRun) error {
 	next := make(chan int)
-	errs := make([]error, len(payloads))
+	errs := make([]error, len(exits))
 	var wg sync.WaitGroup
 	for _, f := range b.exitSenders {
 		wg.Go(func() {
 			for i := range next {
-				res.Pods[i].Delivered = time.Now()
-				errs[i] = invokeExpect(ctx, f, payloads[i], func(s intake.ExitSummary) bool { return s.Recorded == 1 && s.Queued == 1 })
+				at, payload := time.Now(), exits[i].Payload
+				if hosts != nil {
+					payload, errs[i] = exitPayloadAt(exits[i], i, at.Add(-hosts.plan[i].lineAge))
+				}
+				res.Pods[i].Delivered = at
+				if errs[i] == nil {
+					errs[i] = invokeExpect(ctx, f, payload, func(s intake.ExitSummary) bool { return s.Recorded == 1 && s.Queued == 1 })
+				}
+				if hosts != nil && errs[i] == nil {
+					hosts.delivered(i, at)
+				}
 				delivered.Add(1)
 			}
 		})
 	}
-	for i := range payloads {
+	for i := range exits {
 		next <- i
 	}
 	close(next)
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// exitPayloadAt is ExitPayload for an exit whose line says it finished at
+// finishedAt.
+func exitPayloadAt(e Exit, seq int, finishedAt time.Time) ([]byte, error) {
+	ev, err := ExitLogsEvent(e.InstanceID, e.Pod, exitline.Line{ContainerID: BareContainerID(e.Pod), ExitCode: e.Code, FinishedAt: finishedAt.UTC()}, seq)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(ev)
+}
+
+// hostRun is the hosts of a burst while it runs (Hosts).
+type hostRun struct {
+	ctx      context.Context
+	cancel   context.CancelFunc
+	ec2      *ec2server.Server
+	plan     []hostPlan
+	pods     []BurstPod
+	shutdown time.Duration
+	// states, when not nil, delivers the state-change events.
+	states *stateSender
+	gone   *goneSet
+	// wg counts the steps scheduled and not yet taken.
+	wg sync.WaitGroup
+}
+
+func newHostRun(ctx context.Context, stack *localstack.Stack, h Hosts, pods []BurstPod, states *stateSender, gone *goneSet) *hostRun {
+	r := &hostRun{ec2: stack.EC2, plan: h.plan(len(pods)), pods: pods, shutdown: h.ShutdownTime, states: states, gone: gone}
+	r.ctx, r.cancel = context.WithCancel(ctx)
+	for i := range pods {
+		pods[i].PowersOff = r.plan[i].powersOff
+	}
+	return r
+}
+
+// delivered tells host i its exit line was delivered at: it powers off its
+// plan's time later, if it ever does.
+func (r *hostRun) delivered(i int, at time.Time) {
+	if r.plan[i].powersOff {
+		r.later(time.Until(at.Add(r.plan[i].after)), func() { r.powerOff(i) })
+	}
+}
+
+// later runs step after d, unless the run was stopped by then.
+func (r *hostRun) later(d time.Duration, step func()) {
+	r.wg.Add(1)
+	time.AfterFunc(d, func() {
+		defer r.wg.Done()
+		if r.ctx.Err() == nil {
+			step()
+		}
+	})
+}
+
+// powerOff powers host i off: its instance is shutting-down at once and
+// terminated a shutdown time later, each state with its event. A host
+// whose instance Reaper already ended has nothing left to do.
+func (r *hostRun) powerOff(i int) {
+	id := r.pods[i].InstanceID
+	if inst, ok := r.ec2.Instance(id); !ok || inst.State != ec2server.Running {
+		return
+	}
+	r.ec2.SetState(id, ec2server.ShuttingDown)
+	r.pods[i].PoweredOff = time.Now()
+	r.gone.add(id)
+	r.event(id, model.StateShuttingDown)
+	r.later(r.shutdown, func() {
+		r.ec2.SetState(id, ec2server.Terminated)
+		r.event(id, model.StateTerminated)
+	})
+}
+
+func (r *hostRun) event(id, state string) {
+	if r.states != nil {
+		r.states.send(id, state)
+	}
+}
+
+// wait waits until every host told of its delivery has powered off.
+func (r *hostRun) wait() { r.wg.Wait() }
+
+// stop cancels the steps not yet taken and waits for those under way.
+func (r *hostRun) stop() {
+	r.cancel()
+	r.wg.Wait()
+}
+
+// goneSet is the burst's instances seen gone so far, for the progress
+// indicator.
+type goneSet struct {
+	mu  sync.Mutex
+	ids map[string]bool
+}
+
+func (g *goneSet) add(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.ids[id] = true
+}
+
+func (g *goneSet) len() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.ids)
 }
 
 // invokeExpect invokes f and checks its decoded response with ok.
@@ -569,10 +844,9 @@ func terminatedSince(stack *localstack.Stack, from int, byInstance map[string]in
 	return len(calls)
 }
 
-// countShuttingDown keeps shuttingDown at the number of burst instances
-// terminated so far, for the progress indicator, until stop is closed.
-func countShuttingDown(stop <-chan struct{}, stack *localstack.Stack, from int, byInstance map[string]int, shuttingDown *atomic.Int64) {
-	seen := map[string]bool{}
+// countGone adds the burst instances terminated so far to gone, for the
+// progress indicator, until stop is closed.
+func countGone(stop <-chan struct{}, stack *localstack.Stack, from int, byInstance map[string]int, gone *goneSet) {
 	tick := time.NewTicker(tailPoll)
 	defer tick.Stop()
 	for {
@@ -580,60 +854,75 @@ func countShuttingDown(stop <-chan struct{}, stack *localstack.Stack, from int, 
 		case <-stop:
 			return
 		case <-tick.C:
-			from = terminatedSince(stack, from, byInstance, func(id string) { seen[id] = true })
-			shuttingDown.Store(int64(len(seen)))
+			from = terminatedSince(stack, from, byInstance, gone.add)
 		}
 	}
 }
 
-// stateSender delivers the state-change events of the instances the
-// reconcilers terminate, as EventBridge does: shutting-down, then
-// terminated (the EC2 test server settles terminations at once).
+// stateSender delivers the state-change events of the burst's instances
+// as EventBridge does, once per instance and state: shutting-down, then
+// terminated. Those of an instance Reaper terminates are sent when its
+// TerminateInstances shows in the EC2 test server's log (the server
+// settles it at once); a host that powers off sends its own (send).
 type stateSender struct {
 	stop chan struct{}
 	done chan struct{}
 	sent atomic.Int64
 	err  error
+
+	mu     sync.Mutex
+	queued map[stateKey]bool
+	// events holds every event queued: there are at most two per instance.
+	events chan stateKey
 }
 
-func (b *Burst) startStateChanges(ctx context.Context, from int, byInstance map[string]int, shuttingDown *atomic.Int64) *stateSender {
-	s := &stateSender{stop: make(chan struct{}), done: make(chan struct{})}
-	ids := make(chan string, len(byInstance))
+// stateKey is an instance and a state it reached.
+type stateKey struct{ id, state string }
+
+func (b *Burst) startStateChanges(ctx context.Context, from int, byInstance map[string]int, gone *goneSet) *stateSender {
+	all := 2 * len(byInstance)
+	s := &stateSender{stop: make(chan struct{}), done: make(chan struct{}), queued: map[stateKey]bool{}, events: make(chan stateKey, all)}
 	var wg sync.WaitGroup
 	errs := make([]error, len(b.stateSenders))
 	for k, f := range b.stateSenders {
 		wg.Go(func() {
-			for id := range ids {
-				for _, state := range []string{model.StateShuttingDown, model.StateTerminated} {
-					payload, err := json.Marshal(StateChangeEvent(fmt.Sprintf("burst-%s-%s", id, state), id, state, time.Now().UTC().Truncate(time.Second)))
-					if err == nil {
-						err = invokeExpect(ctx, f, payload, func(s intake.StateSummary) bool { return s.Queued })
-					}
-					if err != nil {
-						errs[k] = errors.Join(errs[k], err)
-						continue
-					}
-					s.sent.Add(1)
+			for ev := range s.events {
+				payload, err := json.Marshal(StateChangeEvent(fmt.Sprintf("burst-%s-%s", ev.id, ev.state), ev.id, ev.state, time.Now().UTC().Truncate(time.Second)))
+				if err == nil {
+					err = invokeExpect(ctx, f, payload, func(s intake.StateSummary) bool { return s.Queued })
 				}
+				if err != nil {
+					errs[k] = errors.Join(errs[k], err)
+					continue
+				}
+				s.sent.Add(1)
 			}
 		})
 	}
+	stack := b.Lab.Stack
 	go func() {
 		defer close(s.done)
-		seen := map[string]bool{}
+		// shuttingDown are the instances terminated whose terminated state
+		// EC2 did not report yet: a host powering one off ends it when its
+		// shutdown does.
+		shuttingDown := map[string]bool{}
 		tail := func() {
-			from = terminatedSince(b.Lab.Stack, from, byInstance, func(id string) {
-				if !seen[id] {
-					seen[id] = true
-					ids <- id
-				}
+			from = terminatedSince(stack, from, byInstance, func(id string) {
+				gone.add(id)
+				s.send(id, model.StateShuttingDown)
+				shuttingDown[id] = true
 			})
-			shuttingDown.Store(int64(len(seen)))
+			for id := range shuttingDown {
+				if inst, ok := stack.EC2.Instance(id); ok && inst.State == ec2server.Terminated {
+					s.send(id, model.StateTerminated)
+					delete(shuttingDown, id)
+				}
+			}
 		}
 		tick := time.NewTicker(tailPoll)
 		defer tick.Stop()
 	loop:
-		for len(seen) < len(byInstance) {
+		for s.count() < all {
 			select {
 			case <-s.stop:
 				break loop
@@ -642,15 +931,35 @@ func (b *Burst) startStateChanges(ctx context.Context, from int, byInstance map[
 			}
 		}
 		tail()
-		close(ids)
+		close(s.events)
 		wg.Wait()
 		s.err = errors.Join(errs...)
 	}()
 	return s
 }
 
-// finish delivers the events of the terminations seen so far and returns
-// how many events were delivered.
+// send queues the event of id reaching state, unless it was queued before.
+// It may not be called after finish.
+func (s *stateSender) send(id, state string) {
+	k := stateKey{id, state}
+	s.mu.Lock()
+	if s.queued[k] {
+		s.mu.Unlock()
+		return
+	}
+	s.queued[k] = true
+	s.mu.Unlock()
+	s.events <- k
+}
+
+func (s *stateSender) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queued)
+}
+
+// finish delivers the events queued so far and those of the terminations
+// seen so far, and returns how many events were delivered.
 func (s *stateSender) finish() (int, error) {
 	close(s.stop)
 	<-s.done
@@ -774,6 +1083,20 @@ func (b *Burst) collect(ctx context.Context, res *BurstResult, byInstance map[st
 	for id, n := range terminates {
 		if i, ok := byInstance[id]; ok {
 			res.Pods[i].Terminates = n
+		}
+	}
+	for id := range b.ec2.terminateNamed() {
+		if _, ok := byInstance[id]; ok {
+			res.TerminateNamed++
+		}
+	}
+	for i := range res.Pods {
+		p := &res.Pods[i]
+		if !p.PoweredOff.IsZero() {
+			res.PoweredOff++
+		}
+		if inst, ok := stack.EC2.Instance(p.InstanceID); ok {
+			p.EndState = inst.State
 		}
 	}
 
@@ -1002,6 +1325,22 @@ func (r *ec2Recorder) terminates(status int) map[string]int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.terminatesAnswered(status)
+}
+
+// terminateNamed is, since the last reset, the instances named in a
+// TerminateInstances request, whatever its answer.
+func (r *ec2Recorder) terminateNamed() map[string]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]bool{}
+	for _, op := range r.ops {
+		if op.action == "TerminateInstances" {
+			for _, id := range op.instances {
+				out[id] = true
+			}
+		}
+	}
+	return out
 }
 
 func (r *ec2Recorder) terminatesAnswered(status int) map[string]int {
