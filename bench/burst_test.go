@@ -15,6 +15,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
@@ -134,8 +135,9 @@ func newBurst(b *testing.B, table string, exits int, scale float64) (*world, *re
 const timelineFile = "burst-timeline.csv"
 
 // writeTimeline writes one row per Pod: when its exit was delivered, when
-// it was seen terminal and when its instance was shutting down, in seconds
-// after the first delivery (empty when it never happened).
+// it was seen terminal and when its instance was shutting down (Reaper's
+// terminate, or its host's power-off: BurstPod.Gone), in seconds after the
+// first delivery (empty when it never happened).
 func writeTimeline(path string, res *replay.BurstResult) error {
 	f, err := os.Create(path)
 	if err != nil {
@@ -151,7 +153,7 @@ func writeTimeline(path string, res *replay.BurstResult) error {
 	// A csv.Writer keeps its first error for Error, after Flush.
 	_ = cw.Write([]string{"pod", "delivered_s", "terminal_s", "shutting_down_s"})
 	for _, p := range res.Pods {
-		_ = cw.Write([]string{p.Name, since(p.Delivered), since(p.Terminal), since(p.ShuttingDown)})
+		_ = cw.Write([]string{p.Name, since(p.Delivered), since(p.Terminal), since(p.Gone())})
 	}
 	cw.Flush()
 	return errors.Join(cw.Error(), f.Close())
@@ -183,10 +185,25 @@ func (w *world) cleanupBurst(ctx context.Context, res *replay.BurstResult, base 
 	}
 	w.stack.EC2.ResetCalls()
 	now := int64(0)
-	if err := w.stack.Kube.CoreV1().Pods(res.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &now}, metav1.ListOptions{}); err != nil {
+	pods, evs := w.stack.Kube.CoreV1().Pods(res.Namespace), w.stack.Kube.CoreV1().Events(res.Namespace)
+	if err := untilDone(func() error {
+		return pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &now}, metav1.ListOptions{})
+	}); err != nil {
 		return err
 	}
-	return w.stack.Kube.CoreV1().Events(res.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+	return untilDone(func() error { return evs.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}) })
+}
+
+// untilDone calls del again while the apiserver answers that it ran out of
+// time (it goes on deleting meanwhile): deleting 10,000 Pods takes longer
+// than its 60 s request timeout.
+func untilDone(del func() error) error {
+	for range 10 {
+		if err := del(); !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err) {
+			return err
+		}
+	}
+	return del()
 }
 
 // baselineWorkers are the baseline's concurrent invocations. Before the
