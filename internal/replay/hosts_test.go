@@ -7,11 +7,16 @@ import (
 
 // hostsExits, hostsScale and hostsGrace shape TestBurstHostsPowerOff: a
 // production burst scaled down, with EC2's published buckets refilled ×
-// hostsScale and REAPER_POWER_OFF_GRACE at hostsGrace.
+// hostsScale and REAPER_POWER_OFF_GRACE at hostsGrace. A batch looks its
+// instances up at its start and checks the grace after its ledger writes,
+// so the grace must outlast that span as well as the hosts' 3 – 7 s and
+// the line's lag: 400 exits' batches take 2 – 6 s on their own, longer on
+// a machine busy with other tests (bench/REPORT.md, "Hosts that power
+// themselves off").
 const (
 	hostsExits = 400
 	hostsScale = 4
-	hostsGrace = 10 * time.Second
+	hostsGrace = 20 * time.Second
 )
 
 // productionHosts are the hosts of a production burst: each powers off 3 – 7 s
@@ -66,12 +71,12 @@ func TestBurstHostsPowerOff(t *testing.T) {
 		t.Fatal("no host powered off: the test proves nothing")
 	}
 	// The hosts that never power off must be terminated; every other host
-	// powers off at most 7 + 1.5 s after its line's finishedAt, before the
-	// 10 s grace ends. The slack, 5% of the exits, covers a host that
-	// powers off between a batch's lookup of its instance and the
-	// TerminateInstances after the grace that follows it in the same batch
-	// (a batch slowed by the machine, or a power-off timer fired late).
-	// Never + 5% of N is 15% of N, issue 21's target.
+	// powers off at most 7 + 1.5 s after its line's finishedAt, 11.5 s
+	// before the grace ends. The slack, 5% of the exits, covers a host that
+	// powers off between a batch's lookup of its instance and a decision
+	// after the grace in the same batch (a batch slowed more than 11.5 s
+	// by the machine, or a power-off timer fired late). Never + 5% of N is
+	// 15% of N, issue 21's target.
 	if limit := never + hostsExits*5/100; res.TerminateNamed > limit {
 		t.Errorf("%d instances named in TerminateInstances, want at most %d: %d hosts never power off, %d powered off",
 			res.TerminateNamed, limit, never, res.PoweredOff)
