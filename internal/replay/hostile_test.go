@@ -223,26 +223,35 @@ func TestForgedStateChange(t *testing.T) {
 	}
 }
 
+// orphanedFleet launches n running owned instances tagged with the cluster
+// identity, for Pods of namespace ns that are then deleted, and returns
+// their ids.
+func orphanedFleet(t *testing.T, ns string, prefix uint64, n int, identity string) []string {
+	t.Helper()
+	ctx := t.Context()
+	ids := make([]string, n)
+	for i := range ids {
+		pod, err := lab.RunningPod(ctx, ns, fmt.Sprintf("job-%02d", i), corev1.RestartPolicyNever)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = hostileInstance(prefix, i)
+		tags := lab.InstanceTags(pod, true, localstack.Cluster)
+		tags[model.DefaultTagClusterUID] = identity
+		lab.AddTaggedInstance(ids[i], tags)
+		if err := lab.DeletePod(ctx, ns, pod.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
 // The sweeper's Kubernetes endpoint reaches another cluster than the one
 // the fleet was launched for (a wrong kubeconfig, a recreated cluster):
 // none of the fleet's Pods is there, and no instance is terminated.
 func TestWrongClusterTerminatesNothing(t *testing.T) {
-	ctx := t.Context()
-	var ids []string
-	for i := range 20 {
-		pod, err := lab.RunningPod(ctx, "elsewhere", fmt.Sprintf("job-%02d", i), corev1.RestartPolicyNever)
-		if err != nil {
-			t.Fatal(err)
-		}
-		id := hostileInstance(0xf05, i)
-		tags := lab.InstanceTags(pod, true, localstack.Cluster)
-		tags[model.DefaultTagClusterUID] = "0e7e0000-0000-4000-8000-0000000000ff" // the cluster the Pods live in
-		lab.AddTaggedInstance(id, tags)
-		ids = append(ids, id)
-		if err := lab.DeletePod(ctx, "elsewhere", pod.Name); err != nil { // absent from the cluster reached
-			t.Fatal(err)
-		}
-	}
+	// The Pods live in the cluster of that identity, not in the one reached.
+	ids := orphanedFleet(t, "elsewhere", 0xf05, 20, "0e7e0000-0000-4000-8000-0000000000ff")
 	if sum := sweepNow(t); sum.IdentityMismatch < len(ids) {
 		t.Fatalf("sweep %+v, want the %d instances of another identity counted", sum, len(ids))
 	}
@@ -257,20 +266,7 @@ func TestWrongClusterTerminatesNothing(t *testing.T) {
 // most the cap's part of the running instances (REAPER_ORPHAN_CAP, 0.1 by
 // default) and holds back the rest, and the next sweep goes on.
 func TestOrphanCapHoldsBack(t *testing.T) {
-	ctx := t.Context()
-	var ids []string
-	for i := range 40 {
-		pod, err := lab.RunningPod(ctx, "capped", fmt.Sprintf("job-%02d", i), corev1.RestartPolicyNever)
-		if err != nil {
-			t.Fatal(err)
-		}
-		id := hostileInstance(0xf06, i)
-		lab.AddInstance(id, pod, true)
-		ids = append(ids, id)
-		if err := lab.DeletePod(ctx, "capped", pod.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ids := orphanedFleet(t, "capped", 0xf06, 40, lab.ClusterUID)
 	terminated := func() int {
 		n := 0
 		for _, id := range ids {
