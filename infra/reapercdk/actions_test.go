@@ -85,7 +85,7 @@ func TestGrantsMatchCode(t *testing.T) {
 	if got, want := apiCalls(t, "../../pkg/ledger", "CreateTable"), operations("dynamodb", ledgerActions, batchReadActions, sweepIndexActions); !slices.Equal(got, want) {
 		t.Errorf("pkg/ledger calls %v, the functions are granted %v", got, want)
 	}
-	if got, want := apiCalls(t, "../../pkg/instances"), []string{"DescribeInstances", "TerminateInstances"}; !slices.Equal(got, want) {
+	if got, want := apiCalls(t, "../../pkg/instances"), []string{"CreateTags", "DescribeInstances", "TerminateInstances"}; !slices.Equal(got, want) {
 		t.Errorf("pkg/instances calls %v, the functions are granted %v", got, want)
 	}
 	// The producers send; receiving and deleting are the event source

@@ -82,6 +82,11 @@ type Props struct {
 	// Tags are the instance tag keys the provider writes; empty fields keep
 	// the contract's defaults (reaper.io/managed, reaper.io/cluster, ...).
 	// The managed and cluster keys also guard ec2:TerminateInstances in IAM.
+	// Tags.PodWritten, when set, is REAPER_TAG_POD_WRITTEN of the
+	// reconciler, for hosts in userdata.ShutdownWhenPodWritten: the
+	// reconciler may then ec2:CreateTags that key alone on owned instances.
+	// It needs PowerOffGrace, and, as every key of such an instance, must
+	// be one the instance metadata can show (no "/").
 	Tags model.TagKeys
 
 	// MemoryMB is each function's memory (default 256).
@@ -375,6 +380,14 @@ func (p Props) Validate() error {
 	}
 	if g := p.PowerOffGrace; g < 0 || g > 15*time.Minute || g%time.Second != 0 {
 		bad("PowerOffGrace %s: use whole seconds from 0 to 15m (a wake-up waits on the work queue, at most 15 minutes)", g)
+	}
+	if k := p.Tags.PodWritten; k != "" {
+		if !model.ValidMetadataTagKey(k) {
+			bad("Tags.PodWritten %q: the hosts read it through the instance metadata, whose tag keys hold only letters, digits and + - = . , _ : @ (no \"/\")", k)
+		}
+		if p.PowerOffGrace == 0 {
+			bad("Tags.PodWritten needs PowerOffGrace: without a grace the reconciler terminates an instance as soon as it has written its Pod, before its host reads the tag")
+		}
 	}
 	for _, arn := range p.RedriveRoles {
 		if !strings.HasPrefix(arn, "arn:") || !strings.Contains(arn, ":role/") {

@@ -449,6 +449,9 @@ func (r *Reaper) environment(spec function) map[string]*string {
 			env[t.name] = jsii.String(t.key)
 		}
 	}
+	if spec.terminates && p.Tags.PodWritten != "" {
+		env["REAPER_TAG_POD_WRITTEN"] = jsii.String(p.Tags.PodWritten)
+	}
 	return env
 }
 
@@ -568,6 +571,23 @@ func (r *Reaper) statements(stack awscdk.Stack, spec function, logs awslogs.LogG
 	}
 	if spec.terminates {
 		out = append(out, terminate)
+	}
+	if spec.terminates && p.Tags.PodWritten != "" {
+		// The Pod-written tag, and no other key, on owned instances only:
+		// the rights to end or to mark another cluster's instances stay
+		// out of reach.
+		out = append(out, awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:       jsii.String("TagPodWritten"),
+			Actions:   jsii.Strings("ec2:CreateTags"),
+			Resources: &[]*string{instanceArn},
+			Conditions: &map[string]any{
+				"StringEquals": map[string]any{
+					"aws:ResourceTag/" + p.Tags.Managed: "true",
+					"aws:ResourceTag/" + p.Tags.Cluster: p.ClusterName,
+				},
+				"ForAllValues:StringEquals": map[string]any{"aws:TagKeys": []string{p.Tags.PodWritten}},
+			},
+		}))
 	}
 	if spec.produces {
 		out = append(out, st("SendWork", produceActions, r.WorkQueue.QueueArn()))

@@ -1192,7 +1192,10 @@ func TestValidate(t *testing.T) {
 		"orphan cap NaN":     {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(math.NaN())}, "OrphanCap NaN: "},
 		"redrive role":       {reapercdk.Props{EKSCluster: "a", RedriveRoles: []string{"ops-redrive"}}, `RedriveRoles "ops-redrive": give the ARN of an IAM role`},
 		"power-off grace":    {reapercdk.Props{EKSCluster: "a", PowerOffGrace: 20 * time.Minute}, "PowerOffGrace 20m0s: use whole seconds from 0 to 15m"},
-		"no bootstrap":       {reapercdk.Props{EKSCluster: "a", BuildDir: t.TempDir()}, "exitrecorder/bootstrap is missing: run `make build`"},
+		"pod-written slash": {reapercdk.Props{EKSCluster: "a", PowerOffGrace: 10 * time.Second, Tags: model.TagKeys{PodWritten: "reaper.io/pod-written"}},
+			`Tags.PodWritten "reaper.io/pod-written": the hosts read it through the instance metadata`},
+		"pod-written no grace": {reapercdk.Props{EKSCluster: "a", Tags: model.TagKeys{PodWritten: "reaper.io:pod-written"}}, "Tags.PodWritten needs PowerOffGrace"},
+		"no bootstrap":         {reapercdk.Props{EKSCluster: "a", BuildDir: t.TempDir()}, "exitrecorder/bootstrap is missing: run `make build`"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if tc.props.BuildDir == "" {
@@ -1358,6 +1361,43 @@ func TestTwoClustersInOneAccount(t *testing.T) {
 					t.Errorf("%s may terminate %s's instances: %d findings, want 1", c.stack, o, len(f))
 				}
 			}
+		}
+	}
+}
+
+// With the Pod-written tag the reconciler, and no other function, gets
+// REAPER_TAG_POD_WRITTEN and ec2:CreateTags of that key alone, on the
+// instances this deployment owns.
+func TestPodWrittenTag(t *testing.T) {
+	tmpl := newStack(t, reapercdk.Props{EKSCluster: "demo", PowerOffGrace: 10 * time.Second, Tags: model.TagKeys{PodWritten: "reaper.io:pod-written"}}, nil)
+	m := cdktest.JSON(t, tmpl)
+	cdktest.Must(t, func() {
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{"REAPER_TAG_POD_WRITTEN": "reaper.io:pod-written"})},
+		}, jsii.Number(1))
+	})
+	for _, id := range []string{"ExitRecorder", "StateChange", "Sweeper", "Reconciler"} {
+		var tagging []map[string]any
+		for _, st := range statements(m, roleOf(t, m, id)) {
+			if slices.Contains(strs(st["Action"]), "ec2:CreateTags") {
+				tagging = append(tagging, st)
+			}
+		}
+		if id != "Reconciler" {
+			if len(tagging) > 0 {
+				t.Errorf("%s may tag instances: %v", id, tagging)
+			}
+			continue
+		}
+		if len(tagging) != 1 {
+			t.Fatalf("reconciler: %d statements grant ec2:CreateTags, want 1", len(tagging))
+		}
+		want := `{"ForAllValues:StringEquals":{"aws:TagKeys":["reaper.io:pod-written"]},"StringEquals":{"aws:ResourceTag/reaper.io/cluster":"demo","aws:ResourceTag/reaper.io/managed":"true"}}`
+		if got := compact(tagging[0]["Condition"]); got != want {
+			t.Errorf("CreateTags condition %s, want %s", got, want)
+		}
+		if strs(tagging[0]["Action"])[0] != "ec2:CreateTags" || len(strs(tagging[0]["Action"])) != 1 {
+			t.Errorf("statement %v", tagging[0])
 		}
 	}
 }

@@ -27,6 +27,8 @@ type Limits struct {
 	// DescribeUnfiltered for those with neither.
 	Describe           Bucket
 	DescribeUnfiltered Bucket
+	// CreateTags is for CreateTags requests.
+	CreateTags Bucket
 }
 
 // PublishedLimits returns EC2's default limits, per account and Region, from
@@ -40,6 +42,8 @@ type Limits struct {
 //   - DescribeInstances is non-mutating (100, refill 20/s), but is also listed
 //     among the actions that, requested with neither pagination nor a filter,
 //     draw on a smaller bucket (50, refill 10/s).
+//   - CreateTags is not listed on its own: the bucket of mutating actions
+//     (50, refill 5/s).
 func PublishedLimits() Limits {
 	b := model.PublishedBudget()
 	return Limits{
@@ -49,6 +53,7 @@ func PublishedLimits() Limits {
 		StopResource:       Bucket{Capacity: 1000, Refill: 20},
 		Describe:           b.Describe,
 		DescribeUnfiltered: Bucket{Capacity: 50, Refill: 10},
+		CreateTags:         b.CreateTags,
 	}
 }
 
@@ -79,6 +84,7 @@ func (s *Server) EnableBuckets(l Limits, scale float64) {
 		stopResource:       b(l.StopResource),
 		describe:           b(l.Describe),
 		describeUnfiltered: b(l.DescribeUnfiltered),
+		createTags:         b(l.CreateTags),
 	}
 }
 
@@ -130,6 +136,7 @@ type buckets struct {
 	terminate, terminateResource bucket
 	stop, stopResource           bucket
 	describe, describeUnfiltered bucket
+	createTags                   bucket
 }
 
 // bucket refills lazily: tokens is the level at last, and each use first adds
@@ -182,6 +189,8 @@ func (s *Server) admit(action string, form url.Values, ids []string, now time.Ti
 		req, res = &s.buckets.terminate, &s.buckets.terminateResource
 	case "StopInstances":
 		req, res = &s.buckets.stop, &s.buckets.stopResource
+	case "CreateTags":
+		req = &s.buckets.createTags
 	case "DescribeInstances":
 		// The page names only pagination and filters as what moves a request
 		// to the larger bucket, so InstanceId.N alone does not.

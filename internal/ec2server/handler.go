@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/reaper-k8s/reaper/internal/callrecord"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 const (
@@ -91,6 +92,8 @@ func (s *Server) dispatch(action string, form url.Values, ids []string, now time
 		return s.changeState(form, ids, now, stop, "StopInstancesResponse", reqID)
 	case "RunInstances":
 		return s.runInstances(form, now, reqID)
+	case "CreateTags":
+		return s.createTags(form, reqID)
 	default:
 		return nil, errorf("InvalidAction", "The action %s is not valid for this web service.", action)
 	}
@@ -116,6 +119,12 @@ func (s *Server) runInstances(form url.Values, now time.Time, reqID string) (any
 			tags[form.Get(tag+".Key")] = form.Get(tag + ".Value")
 		}
 	}
+	metadataTags := form.Get("MetadataOptions.InstanceMetadataTags") == "enabled"
+	if metadataTags {
+		if aerr := metadataTagKeys(slices.Collect(maps.Keys(tags))); aerr != nil {
+			return nil, aerr
+		}
+	}
 	if form.Get("DryRun") == "true" {
 		return nil, errorf("DryRunOperation", "Request would have succeeded, but DryRun flag is set.")
 	}
@@ -123,12 +132,60 @@ func (s *Server) runInstances(form url.Values, now time.Time, reqID string) (any
 	out := runResponse{Xmlns: xmlns, RequestID: reqID, ReservationID: fmt.Sprintf("r-%017x", s.seq), OwnerID: ownerID}
 	for range n {
 		inst := Instance{ID: NewInstanceID(), State: Running, Tags: maps.Clone(tags),
-			LaunchTime: now.UTC().Truncate(time.Millisecond), InstanceType: form.Get("InstanceType")}
+			LaunchTime: now.UTC().Truncate(time.Millisecond), InstanceType: form.Get("InstanceType"), MetadataTags: metadataTags}
 		s.seq++
 		s.instances[inst.ID] = &record{inst: inst, seq: s.seq}
 		out.Instances = append(out.Instances, toXML(inst))
 	}
 	return out, nil
+}
+
+// createTags puts the tags Tag.N on the instances ResourceId.N, all or
+// nothing, like EC2: at most 1,000 resources; one unknown id, or a key an
+// instance whose metadata shows its tags cannot carry, fails the request.
+func (s *Server) createTags(form url.Values, reqID string) (any, *apiError) {
+	ids := indexedList(form, "ResourceId")
+	if len(ids) == 0 || len(ids) > maxIDs {
+		return nil, errorf("InvalidParameterValue", "CreateTags takes 1 to %d resource ids, not %d.", maxIDs, len(ids))
+	}
+	tags := map[string]string{}
+	for _, j := range indexes(form, "Tag", ".Key") {
+		tag := "Tag." + strconv.Itoa(j)
+		tags[form.Get(tag+".Key")] = form.Get(tag + ".Value")
+	}
+	if len(tags) == 0 {
+		return nil, errorf("MissingParameter", "The request must contain the parameter Tag.")
+	}
+	recs, aerr := s.lookup(ids)
+	if aerr != nil {
+		return nil, aerr
+	}
+	for _, rec := range recs {
+		if rec.inst.MetadataTags {
+			if aerr := metadataTagKeys(slices.Collect(maps.Keys(tags))); aerr != nil {
+				return nil, aerr
+			}
+		}
+	}
+	for _, rec := range recs {
+		if rec.inst.Tags == nil {
+			rec.inst.Tags = map[string]string{}
+		}
+		maps.Copy(rec.inst.Tags, tags)
+	}
+	return createTagsResponse{Xmlns: xmlns, RequestID: reqID, Return: true}, nil
+}
+
+// metadataTagKeys refuses keys that an instance whose metadata shows its
+// tags cannot carry.
+func metadataTagKeys(keys []string) *apiError {
+	slices.Sort(keys)
+	for _, k := range keys {
+		if !model.ValidMetadataTagKey(k) {
+			return errorf("InvalidParameterValue", "Tag key %q is not allowed on an instance whose tags are in its instance metadata: use only letters, digits and + - = . , _ : @.", k)
+		}
+	}
+	return nil
 }
 
 // lookup resolves ids all-or-nothing, like EC2: one malformed or unknown id
@@ -498,6 +555,13 @@ type runResponse struct {
 	ReservationID string        `xml:"reservationId"`
 	OwnerID       string        `xml:"ownerId"`
 	Instances     []xmlInstance `xml:"instancesSet>item"`
+}
+
+type createTagsResponse struct {
+	XMLName   xml.Name `xml:"CreateTagsResponse"`
+	Xmlns     string   `xml:"xmlns,attr"`
+	RequestID string   `xml:"requestId"`
+	Return    bool     `xml:"return"`
 }
 
 type xmlReservation struct {

@@ -84,6 +84,11 @@ type Instance struct {
 	// TerminateInstances naming the instance fails with
 	// OperationNotPermitted and terminates none of the call's instances.
 	DisableAPITermination bool
+	// MetadataTags says the instance metadata shows its tags
+	// (InstanceMetadataTags enabled): EC2 then refuses a launch, or a
+	// CreateTags, with a key the metadata cannot show
+	// (model.ValidMetadataTagKey).
+	MetadataTags bool
 }
 
 func (i Instance) clone() Instance {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -485,5 +486,61 @@ func TestRunInstances(t *testing.T) {
 
 	if _, err := client.RunInstances(ctx, &ec2.RunInstancesInput{MinCount: aws.Int32(0), MaxCount: aws.Int32(1)}); callrecord.APIErrorCode(t, err) != "InvalidParameterValue" {
 		t.Errorf("MinCount 0: %v, want InvalidParameterValue", err)
+	}
+}
+
+// CreateTags through the real SDK: all or nothing, and on an instance whose
+// metadata shows its tags only keys the metadata can show, as at launch.
+func TestCreateTags(t *testing.T) {
+	ctx := t.Context()
+	client, srv := newClient(t, func(o *retry.StandardOptions) { o.MaxAttempts = 1 })
+	plain := srv.AddInstance(ec2server.Instance{Tags: map[string]string{"reaper.io/managed": "true"}}).ID
+	tag := func(key string, ids ...string) error {
+		_, err := client.CreateTags(ctx, &ec2.CreateTagsInput{Resources: ids, Tags: []types.Tag{{Key: aws.String(key), Value: aws.String("2026-12-02T10:00:00Z")}}})
+		return err
+	}
+	if err := tag("reaper.io:pod-written", plain); err != nil {
+		t.Fatal(err)
+	}
+	if i, _ := srv.Instance(plain); i.Tags["reaper.io:pod-written"] != "2026-12-02T10:00:00Z" || i.Tags["reaper.io/managed"] != "true" {
+		t.Fatalf("tags %v", i.Tags)
+	}
+	if err := tag("x", plain, ec2server.NewInstanceID()); err == nil || !strings.Contains(err.Error(), "InvalidInstanceID.NotFound") {
+		t.Fatalf("unknown id: %v", err)
+	}
+	if i, _ := srv.Instance(plain); i.Tags["x"] != "" {
+		t.Fatalf("a failed call tagged %s: %v", plain, i.Tags)
+	}
+
+	launch := func(keys ...string) (string, error) {
+		var tags []types.Tag
+		for _, k := range keys {
+			tags = append(tags, types.Tag{Key: aws.String(k), Value: aws.String("v")})
+		}
+		out, err := client.RunInstances(ctx, &ec2.RunInstancesInput{
+			MinCount: aws.Int32(1), MaxCount: aws.Int32(1), ImageId: aws.String("ami-0123456789abcdef0"),
+			MetadataOptions:   &types.InstanceMetadataOptionsRequest{InstanceMetadataTags: types.InstanceMetadataTagsStateEnabled},
+			TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeInstance, Tags: tags}},
+		})
+		if err != nil {
+			return "", err
+		}
+		return aws.ToString(out.Instances[0].InstanceId), nil
+	}
+	if _, err := launch("reaper.io/managed"); err == nil || !strings.Contains(err.Error(), "InvalidParameterValue") {
+		t.Fatalf("launch with a slash in a key and metadata tags: %v", err)
+	}
+	shown, err := launch("reaper.io:managed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tag("reaper.io/pod-written", shown, plain); err == nil || !strings.Contains(err.Error(), "InvalidParameterValue") {
+		t.Fatalf("a slash in a key on an instance with metadata tags: %v", err)
+	}
+	if err := tag("reaper.io:pod-written", shown); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.CallCount("CreateTags"); n != 4 {
+		t.Fatalf("%d CreateTags calls recorded, want 4", n)
 	}
 }

@@ -134,6 +134,12 @@ type World struct {
 	// answers ClusterUID); IdentityErr fails reading it.
 	Identity    string
 	IdentityErr error
+	// Now, when set, dates its answers to Describe (DescribedAt).
+	Now func() time.Time
+	// Tags are the tags Tag put, by instance and key.
+	Tags map[string]map[string]string
+	// TagErr fails every Tag.
+	TagErr error
 }
 
 // ClusterUID is the cluster identity of a World by default, which the
@@ -210,10 +216,32 @@ func (w *World) Describe(_ context.Context, ids []string) (map[string]instances.
 	out := map[string]instances.Instance{}
 	for _, id := range ids {
 		if i, ok := w.Instances[id]; ok {
+			if w.Now != nil {
+				i.DescribedAt = w.Now()
+			}
 			out[id] = i
 		}
 	}
 	return out, deferred
+}
+
+func (w *World) Tag(_ context.Context, ids []string, key, value string) ([]string, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.TagErr != nil {
+		return slices.Clone(ids), w.TagErr
+	}
+	w.Log = append(w.Log, fmt.Sprint("tag ", ids))
+	if w.Tags == nil {
+		w.Tags = map[string]map[string]string{}
+	}
+	for _, id := range ids {
+		if w.Tags[id] == nil {
+			w.Tags[id] = map[string]string{}
+		}
+		w.Tags[id][key] = value
+	}
+	return nil, nil
 }
 
 // share splits ids into those a share of n reaches (all, for n = 0) and,

@@ -42,7 +42,8 @@ type Config struct {
 	TerminateStopped bool
 	// Tags are the instance tag keys (REAPER_TAG_MANAGED, REAPER_TAG_CLUSTER,
 	// REAPER_TAG_POD_NAMESPACE, REAPER_TAG_POD_NAME, REAPER_TAG_POD_UID,
-	// REAPER_TAG_CLUSTER_UID).
+	// REAPER_TAG_CLUSTER_UID, and REAPER_TAG_POD_WRITTEN, which has no
+	// default and needs REAPER_POWER_OFF_GRACE).
 	Tags model.TagKeys
 	// Kube says how to reach the Kubernetes API: exactly one of
 	// REAPER_EKS_CLUSTER, REAPER_KUBECONFIG_SECRET or KUBECONFIG.
@@ -163,10 +164,18 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		{"REAPER_TAG_POD_NAME", &c.Tags.PodName},
 		{"REAPER_TAG_POD_UID", &c.Tags.PodUID},
 		{"REAPER_TAG_CLUSTER_UID", &c.Tags.ClusterUID},
+		{"REAPER_TAG_POD_WRITTEN", &c.Tags.PodWritten},
 	} {
 		if v := getenv(t.name); v != "" {
 			*t.key = v
 		}
+	}
+	switch k := c.Tags.PodWritten; {
+	case k == "":
+	case !model.ValidMetadataTagKey(k):
+		errs = append(errs, fmt.Errorf("REAPER_TAG_POD_WRITTEN=%q: the hosts read it through the instance metadata, whose tag keys hold only letters, digits and + - = . , _ : @ (no \"/\")", k))
+	case c.PowerOffGrace == 0:
+		errs = append(errs, errors.New("REAPER_TAG_POD_WRITTEN needs REAPER_POWER_OFF_GRACE: without a grace Reaper terminates an instance as soon as it has written its Pod, before its host can read the tag"))
 	}
 	switch n := count(c.Kube.EKSCluster, c.Kube.KubeconfigSecret); {
 	case n > 1:

@@ -1,8 +1,8 @@
 package config
 
 import (
+	"slices"
 	"strings"
-
 	"testing"
 	"time"
 
@@ -35,16 +35,18 @@ func TestOverrides(t *testing.T) {
 		"REAPER_TAG_CLUSTER", "example.com/cluster", "REAPER_METRICS_NAMESPACE", "Reaper/prod",
 		"REAPER_EXIT_WAIT", "90s", "REAPER_ORPHAN_GRACE", "1h", "REAPER_TERMINATE_STOPPED", "false",
 		"REAPER_TAG_MANAGED", "example.com/reap", "REAPER_LOG_LEVEL", "debug",
-		"REAPER_ORPHAN_CAP", "0.25", "REAPER_POWER_OFF_GRACE", "30s", "REAPER_TAG_CLUSTER_UID", "example.com/cluster-uid"))
+		"REAPER_ORPHAN_CAP", "0.25", "REAPER_POWER_OFF_GRACE", "30s", "REAPER_TAG_CLUSTER_UID", "example.com/cluster-uid",
+		"REAPER_TAG_POD_WRITTEN", "example.com:pod-written"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.OrphanCap != 0.25 || c.PowerOffGrace != 30*time.Second || c.Tags.ClusterUID != "example.com/cluster-uid" {
+	if c.OrphanCap != 0.25 || c.PowerOffGrace != 30*time.Second || c.Tags.ClusterUID != "example.com/cluster-uid" || c.Tags.PodWritten != "example.com:pod-written" {
 		t.Fatalf("orphan cap, power-off grace, identity tag: %+v", c)
 	}
 	if !c.DryRun || c.ExitWait != 90*time.Second || c.OrphanGrace != time.Hour || c.TerminateStopped ||
 		c.Tags.Managed != "example.com/reap" || c.Tags.Cluster != "example.com/cluster" || c.MetricsNamespace != "Reaper/prod" || c.Kube.EKSCluster != "prod" || c.LogLevel.String() != "DEBUG" ||
-		c.ReconcilerBudget() != (model.Budget{Describe: model.Bucket{Capacity: 20, Refill: 4}, Terminate: model.Bucket{Capacity: 20, Refill: 1}, TerminateInstances: model.Bucket{Capacity: 1000, Refill: 20}}) {
+		c.ReconcilerBudget() != (model.Budget{Describe: model.Bucket{Capacity: 20, Refill: 4}, Terminate: model.Bucket{Capacity: 20, Refill: 1}, TerminateInstances: model.Bucket{Capacity: 1000, Refill: 20},
+			CreateTags: model.Bucket{Capacity: 10, Refill: 1}}) {
 		t.Fatalf("overrides %+v", c)
 	}
 }
@@ -70,6 +72,17 @@ func TestBadSettings(t *testing.T) {
 	}
 	if _, err := FromEnv(env("REAPER_TABLE", "t", "REAPER_CLUSTER", "c", "REAPER_QUEUE_URL", "q")); err == nil || !strings.Contains(err.Error(), "no Kubernetes access") {
 		t.Errorf("missing Kubernetes access: %v", err)
+	}
+	// The Pod-written tag is read through the instance metadata, and only
+	// a grace gives the host time to read it.
+	base := []string{"REAPER_TABLE", "t", "REAPER_CLUSTER", "c", "REAPER_QUEUE_URL", "q", "KUBECONFIG", "/k"}
+	for _, tc := range []struct{ extra []string }{
+		{[]string{"REAPER_TAG_POD_WRITTEN", "reaper.io/pod-written", "REAPER_POWER_OFF_GRACE", "10s"}},
+		{[]string{"REAPER_TAG_POD_WRITTEN", "reaper.io:pod-written"}},
+	} {
+		if _, err := FromEnv(env(append(slices.Clone(base), tc.extra...)...)); err == nil || !strings.Contains(err.Error(), "REAPER_TAG_POD_WRITTEN") {
+			t.Errorf("%v: %v", tc.extra, err)
+		}
 	}
 	// A function that only enqueues needs neither the ledger nor Kubernetes.
 	if _, err := Read(env("REAPER_CLUSTER", "c", "REAPER_QUEUE_URL", "q"), Needs{}); err != nil {

@@ -37,6 +37,9 @@ type Instance struct {
 	Owned      bool
 	Pod        model.PodRef
 	LaunchTime time.Time
+	// DescribedAt is when the DescribeInstances call that answered this
+	// was sent: EC2's state is at least that fresh.
+	DescribedAt time.Time
 }
 
 // Fleet reads and terminates one deployment's instances through the EC2 API.
@@ -113,6 +116,7 @@ func (f *Fleet) describe(ctx context.Context, in *ec2.DescribeInstancesInput, fn
 		if err := f.pacer.describeCall(ctx); err != nil {
 			return fmt.Errorf("describe instances: %w", err)
 		}
+		sent := time.Now()
 		page, err := p.NextPage(ctx)
 		if refused(err) {
 			f.pacer.describeRefused()
@@ -122,7 +126,9 @@ func (f *Fleet) describe(ctx context.Context, in *ec2.DescribeInstancesInput, fn
 		}
 		for _, r := range page.Reservations {
 			for _, i := range r.Instances {
-				if err := fn(f.instance(i)); err != nil {
+				inst := f.instance(i)
+				inst.DescribedAt = sent
+				if err := fn(inst); err != nil {
 					return err
 				}
 			}
@@ -361,6 +367,31 @@ func (f *Fleet) triage(ctx context.Context, ids []string, known map[string]Insta
 	return out, targets, undescribed, nil
 }
 
+// CreateTags takes at most this many resource ids a call.
+const tagChunk = 1000
+
+// Tag puts the tag key=value on the instances ids, at most tagChunk ids a
+// CreateTags call, each call waiting for its token. Tagging twice is
+// harmless: the value is replaced. When a call fails, or its token would
+// come after ctx's deadline, the ids not tagged come back with the error.
+func (f *Fleet) Tag(ctx context.Context, ids []string, key, value string) ([]string, error) {
+	tags := []types.Tag{{Key: aws.String(key), Value: aws.String(value)}}
+	for start := 0; start < len(ids); start += tagChunk {
+		chunk := ids[start:min(start+tagChunk, len(ids))]
+		err := f.pacer.tagCall(ctx)
+		if err == nil {
+			_, err = f.client.CreateTags(ctx, &ec2.CreateTagsInput{Resources: chunk, Tags: tags})
+			if refused(err) {
+				f.pacer.tagRefused()
+			}
+		}
+		if err != nil {
+			return slices.Clone(ids[start:]), fmt.Errorf("tag %d instances %s=%s: %w", len(ids)-start, key, value, err)
+		}
+	}
+	return nil, nil
+}
+
 // ReadOnly is the fleet of a dry run: it describes as Fleet does, decides
 // each termination as Fleet.Terminate does, and answers WouldTerminate where
 // Terminate would send TerminateInstances. It sends none, so it spends no
@@ -368,6 +399,9 @@ func (f *Fleet) triage(ctx context.Context, ids []string, known map[string]Insta
 type ReadOnly struct {
 	*Fleet
 }
+
+// Tag tags nothing: a dry run changes nothing in EC2.
+func (f ReadOnly) Tag(context.Context, []string, string, string) ([]string, error) { return nil, nil }
 
 // Terminate decides and terminates nothing.
 func (f ReadOnly) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Termination, error) {

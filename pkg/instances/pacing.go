@@ -44,14 +44,14 @@ const callTime = time.Second
 // that Reaper's calls are never refused and leave the rest to the account's
 // other tools.
 type pacer struct {
-	describe, terminate, terminateInstances *rate.Limiter
+	describe, terminate, terminateInstances, createTags *rate.Limiter
 	// waited is called with each wait.
 	waited func(time.Duration)
 }
 
 func newPacer(b model.Budget, waited func(time.Duration)) *pacer {
 	l := func(k model.Bucket) *rate.Limiter { return rate.NewLimiter(rate.Limit(k.Refill), max(k.Capacity, 1)) }
-	return &pacer{describe: l(b.Describe), terminate: l(b.Terminate), terminateInstances: l(b.TerminateInstances), waited: waited}
+	return &pacer{describe: l(b.Describe), terminate: l(b.Terminate), terminateInstances: l(b.TerminateInstances), createTags: l(b.CreateTags), waited: waited}
 }
 
 // take waits for the tokens of one call: one of request's and, with a
@@ -125,6 +125,16 @@ func (p *pacer) describeCall(ctx context.Context) error {
 	return err
 }
 
+// tagCall waits for the token of one CreateTags request. A nil pacer does
+// not wait.
+func (p *pacer) tagCall(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
+	_, err := p.take(ctx, p.createTags, nil, 1)
+	return err
+}
+
 // terminateCall waits for the tokens of one TerminateInstances request
 // naming up to want instances, and returns how many it may name: at most
 // terminateChunk, and for a pacer as many as its share of the request and
@@ -145,6 +155,12 @@ func (p *pacer) terminateCall(ctx context.Context, want int) (int, error) {
 func (p *pacer) describeRefused() {
 	if p != nil {
 		drain(p.describe)
+	}
+}
+
+func (p *pacer) tagRefused() {
+	if p != nil {
+		drain(p.createTags)
 	}
 }
 

@@ -88,3 +88,28 @@ func TestTerminateBisectsAnUnnamedRefusal(t *testing.T) {
 		t.Fatalf("%d TerminateInstances calls, want two of 500 (the half share's burst) and the failed one's two halves", n)
 	}
 }
+
+// Tag puts one tag on any number of instances, 1,000 ids a CreateTags,
+// each call paced by the CreateTags bucket.
+func TestTagChunksAndPaces(t *testing.T) {
+	fleet, srv, ids := newFleet(t, 100, 2500)
+	fleet.Pace(model.PublishedBudget().Share(0.5), nil)
+	if left, err := fleet.Tag(t.Context(), ids, "reaper.io:pod-written", "2026-12-02T10:00:00Z"); err != nil || len(left) > 0 {
+		t.Fatalf("tag: %d left, %v", len(left), err)
+	}
+	for _, id := range ids {
+		if i, _ := srv.Instance(id); i.Tags["reaper.io:pod-written"] != "2026-12-02T10:00:00Z" {
+			t.Fatalf("%s tags %v", id, i.Tags)
+		}
+	}
+	if n := srv.CallCount("CreateTags"); n != 3 {
+		t.Fatalf("%d CreateTags calls, want 3", n)
+	}
+	// One id EC2 does not know fails its call: the ids from that call on
+	// come back with the error.
+	srv.RemoveInstance(ids[1500])
+	left, err := fleet.Tag(t.Context(), ids, "reaper.io:pod-written", "later")
+	if err == nil || len(left) != 1500 || left[0] != ids[1000] {
+		t.Fatalf("tag with an unknown id: %d left, %v", len(left), err)
+	}
+}

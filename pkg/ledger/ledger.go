@@ -86,6 +86,9 @@ type Record struct {
 	// PodSynced is the outcome the Pod's status already carries (see
 	// model.Outcome.Key); empty until the first status write.
 	PodSynced string `dynamodbav:"podSynced,omitempty" json:"podSynced,omitempty"`
+	// PodSyncedAt is when PodSynced was last written: a host that powers
+	// off once its Pod is written is given its power-off grace from then.
+	PodSyncedAt time.Time `dynamodbav:"podSyncedAt,omitempty" json:"podSyncedAt,omitempty"`
 	// Terminated is when Reaper's terminate request for the instance
 	// succeeded (or found it already gone).
 	Terminated time.Time `dynamodbav:"terminated,omitempty" json:"terminated,omitempty"`
@@ -271,7 +274,8 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	now := t.now().UTC()
 	update := stamped(now)
 	if d.PodSynced != "" {
-		update = update.Set(expression.Name("podSynced"), expression.Value(d.PodSynced))
+		update = update.Set(expression.Name("podSynced"), expression.Value(d.PodSynced)).
+			Set(expression.Name("podSyncedAt"), expression.Value(timeAV(now)))
 	}
 	if d.Terminated {
 		update = update.Set(expression.Name("terminated"), expression.Name("terminated").IfNotExists(expression.Value(timeAV(now))))

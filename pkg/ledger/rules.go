@@ -59,7 +59,7 @@ func WithDone(rec Record, id string, d Done, now time.Time) Record {
 	now = now.UTC()
 	rec.InstanceID = id
 	if d.PodSynced != "" {
-		rec.PodSynced = d.PodSynced
+		rec.PodSynced, rec.PodSyncedAt = d.PodSynced, now
 	}
 	if d.Terminated && rec.Terminated.IsZero() {
 		rec.Terminated = now

@@ -60,6 +60,10 @@ const (
 	// example termination protection), by ReasonDim (the EC2 error code).
 	// Reaper stops asking until the sweep finds them again.
 	TerminationsRefused = "TerminationsRefused"
+	// PodWrittenTagsFailed: running instances whose Pod Reaper wrote but
+	// could not tag as written (REAPER_TAG_POD_WRITTEN): their hosts wait
+	// for the tag, and Reaper terminates them when the grace ends.
+	PodWrittenTagsFailed = "PodWrittenTagsFailed"
 	// StateChangesRefused: state changes Reaper did not record, by
 	// ReasonDim: EC2 describes the instance running (the message claimed
 	// it gone), or the change lies in the future.
@@ -146,6 +150,7 @@ var Definitions = []Definition{
 	{ClusterIdentityMismatch, Count, "", "Instances of another cluster identity"},
 	{TerminationsRefused, Count, ReasonDim, "Terminations refused by EC2, by reason"},
 	{StateChangesRefused, Count, ReasonDim, "State changes refused, by reason"},
+	{PodWrittenTagsFailed, Count, "", "Pod-written tags not put"},
 	{WorkItemsRetried, Count, "", "Work items retried"},
 	{WorkItemsQueued, Count, "", "Instances handed to the work queue"},
 	{WorkItemsDeferred, Count, "", "Instances deferred by EC2 pacing"},

@@ -1,5 +1,7 @@
 package model
 
+import "strings"
+
 // EC2 instance state names, as DescribeInstances and the state-change
 // events spell them.
 const (
@@ -74,6 +76,33 @@ type TagKeys struct {
 	PodUID       string
 	// ClusterUID is the cluster identity tag (DefaultTagClusterUID).
 	ClusterUID string
+	// PodWritten, when set, is the tag Reaper puts on a running instance
+	// once it has written its Pod's terminal status, its value the Pod's
+	// phase: a host that powers itself off only once it reads this tag
+	// through the instance metadata (userdata.ShutdownWhenPodWritten)
+	// never ends before its Pod tells the truth. It has no default: empty,
+	// Reaper tags nothing. It must be a key the instance metadata can show
+	// (ValidMetadataTagKey).
+	PodWritten string
+}
+
+// ValidMetadataTagKey reports whether key may be the key of a tag on an
+// instance whose tags the instance metadata shows (InstanceMetadataTags):
+// EC2 then refuses to launch an instance, or to tag one, with any other
+// key. Letters, digits and + - = . , _ : @ only (no "/" nor spaces), up to
+// 128 characters, not "." nor ".." nor "_index", and not aws:-prefixed.
+func ValidMetadataTagKey(key string) bool {
+	if key == "" || len(key) > 128 || key == "." || key == ".." || key == "_index" || strings.HasPrefix(strings.ToLower(key), "aws:") {
+		return false
+	}
+	for _, c := range key {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', strings.ContainsRune("+-=.,_:@", c):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // DefaultTagKeys are the contract's default keys.

@@ -22,24 +22,29 @@ type Budget struct {
 	Terminate Bucket
 	// TerminateInstances: instances named in TerminateInstances.
 	TerminateInstances Bucket
+	// CreateTags: CreateTags requests (the Pod-written tag).
+	CreateTags Bucket
 }
 
 // PublishedBudget is EC2's default, from "Request throttling for the Amazon
 // EC2 API" (https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html):
 // non-mutating actions 100 then 20/s; TerminateInstances, an uncategorized
-// action, 100 then 5/s, and its resource bucket 1,000 instances then 20/s.
+// action, 100 then 5/s, and its resource bucket 1,000 instances then 20/s;
+// CreateTags, which the page does not list on its own, the bucket of
+// mutating actions, 50 then 5/s.
 func PublishedBudget() Budget {
 	return Budget{
 		Describe:           Bucket{Capacity: 100, Refill: 20},
 		Terminate:          Bucket{Capacity: 100, Refill: 5},
 		TerminateInstances: Bucket{Capacity: 1000, Refill: 20},
+		CreateTags:         Bucket{Capacity: 50, Refill: 5},
 	}
 }
 
 // Share is the part f of every bucket.
 func (b Budget) Share(f float64) Budget {
 	s := func(k Bucket) Bucket { return Bucket{Capacity: int(float64(k.Capacity) * f), Refill: k.Refill * f} }
-	return Budget{Describe: s(b.Describe), Terminate: s(b.Terminate), TerminateInstances: s(b.TerminateInstances)}
+	return Budget{Describe: s(b.Describe), Terminate: s(b.Terminate), TerminateInstances: s(b.TerminateInstances), CreateTags: s(b.CreateTags)}
 }
 
 // budgetNames are ParseBudget's bucket names.
@@ -47,11 +52,12 @@ var budgetNames = map[string]func(*Budget) *Bucket{
 	"describe":            func(b *Budget) *Bucket { return &b.Describe },
 	"terminate":           func(b *Budget) *Bucket { return &b.Terminate },
 	"terminate-instances": func(b *Budget) *Bucket { return &b.TerminateInstances },
+	"create-tags":         func(b *Budget) *Bucket { return &b.CreateTags },
 }
 
 // ParseBudget reads buckets that differ from the published ones, for an
 // account whose limits AWS has raised: "name=capacity/refill,…" with names
-// describe, terminate and terminate-instances; unnamed buckets keep the
+// describe, terminate, terminate-instances and create-tags; unnamed buckets keep the
 // published values.
 func ParseBudget(s string) (Budget, error) {
 	b := PublishedBudget()
@@ -60,7 +66,7 @@ func ParseBudget(s string) (Budget, error) {
 		field, known := budgetNames[name]
 		capacity, refill, ok2 := strings.Cut(value, "/")
 		if !ok || !known || !ok2 {
-			return b, fmt.Errorf("%q: want name=capacity/refill with name describe, terminate or terminate-instances", part)
+			return b, fmt.Errorf("%q: want name=capacity/refill with name describe, terminate, terminate-instances or create-tags", part)
 		}
 		c, err1 := strconv.Atoi(capacity)
 		r, err2 := strconv.ParseFloat(refill, 64)

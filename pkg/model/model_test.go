@@ -1,6 +1,9 @@
 package model
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestStateRankOrdersALifecycle(t *testing.T) {
 	order := []string{StatePending, StateRunning, StateStopping, StateStopped, StateShuttingDown, StateTerminated}
@@ -52,5 +55,19 @@ func TestTagKeysWithDefaults(t *testing.T) {
 	want.PodUID = "example.com/uid"
 	if got != want {
 		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
+
+// The keys EC2 accepts on an instance whose tags the instance metadata
+// shows.
+func TestValidMetadataTagKey(t *testing.T) {
+	for key, want := range map[string]bool{
+		"reaper.io:pod-written": true, "Pod_Written+1=a,b@c": true, strings.Repeat("k", 128): true,
+		"reaper.io/pod-written": false, "pod written": false, "": false, ".": false, "..": false, "_index": false,
+		"aws:x": false, "AWS:x": false, strings.Repeat("k", 129): false, "pöd": false,
+	} {
+		if got := ValidMetadataTagKey(key); got != want {
+			t.Errorf("ValidMetadataTagKey(%q) = %v, want %v", key, got, want)
+		}
 	}
 }

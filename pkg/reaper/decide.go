@@ -19,13 +19,19 @@ type Policy struct {
 	// TerminateStopped terminates managed instances that stop: a stopped
 	// one-Pod instance does no work but still bills its volumes.
 	TerminateStopped bool
-	// PowerOffGrace is how long after a terminal exit's finishedAt an
-	// instance still running is left to power itself off, as the default
-	// user-data's hosts do within seconds of their exit line shipping,
-	// before Reaper terminates it (0: at once). Reaper's terminate is then
-	// the safety net, and the account's terminate buckets are spent only
-	// on hosts that did not power off.
+	// PowerOffGrace is how long an instance still running after its
+	// terminal exit is left to power itself off before Reaper terminates
+	// it (0: at once), counted from the later of the exit's finishedAt and
+	// Reaper's write of its Pod (graceEnd): the default user-data's hosts
+	// power off within seconds of their exit line shipping, those that
+	// wait for the Pod-written tag within seconds of the write. Reaper's
+	// terminate is then the safety net, and the account's terminate
+	// buckets are spent only on hosts that did not power off.
 	PowerOffGrace time.Duration
+	// PodWrittenTag, when set, is the tag key Reaper puts on a running
+	// instance once its Pod carries its terminal exit
+	// (model.TagKeys.PodWritten).
+	PodWrittenTag string
 	// OrphanCap is the most a sweep terminates as orphans, as a part of the
 	// owned instances running (0: no cap). The rest stay running, counted
 	// (metrics.OrphansHeldBack), until a later sweep.
@@ -75,7 +81,7 @@ func Decide(rec ledger.Record, now time.Time, p Policy) Plan {
 		case r != nil && now.Before(r.At.Add(RefusalBackoff)):
 			plan.WaitUntil = later(plan.WaitUntil, r.At.Add(RefusalBackoff))
 		case poweringOff(rec, now, p):
-			plan.TerminateAt = rec.Exit.FinishedAt.Add(p.PowerOffGrace)
+			plan.TerminateAt = graceEnd(rec, p)
 			plan.WaitUntil = later(plan.WaitUntil, plan.TerminateAt)
 		default:
 			plan.Terminate = true
@@ -87,11 +93,21 @@ func Decide(rec ledger.Record, now time.Time, p Policy) Plan {
 var lostKey = model.Outcome{}.Key()
 
 // poweringOff says whether the instance of rec's terminal exit is still
-// within its power-off grace: EC2 has reported no end of it, and the grace
-// since the exit's finishedAt has not passed.
+// within its power-off grace at now: EC2 has reported no end of it, and
+// the grace has not ended (graceEnd).
 func poweringOff(rec ledger.Record, now time.Time, p Policy) bool {
 	return p.PowerOffGrace > 0 && rec.Gone == nil && rec.Exit != nil && rec.Exit.Terminal() &&
-		now.Before(rec.Exit.FinishedAt.Add(p.PowerOffGrace))
+		now.Before(graceEnd(rec, p))
+}
+
+// graceEnd is when the power-off grace of rec's instance ends: the grace
+// after the later of its exit's finishedAt and the last write of its Pod.
+// A host waiting for its Pod to be written (the Pod-written tag) is given
+// the whole grace after the write, however long the write took; a Pod
+// write that fails sets nothing, so an apiserver outage does not keep the
+// instance billing beyond the grace after its exit.
+func graceEnd(rec ledger.Record, p Policy) time.Time {
+	return later(rec.Exit.FinishedAt, rec.PodSyncedAt).Add(p.PowerOffGrace)
 }
 
 func later(a, b time.Time) time.Time {

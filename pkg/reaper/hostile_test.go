@@ -1,6 +1,10 @@
 package reaper
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -9,6 +13,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/fakes"
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
@@ -259,15 +264,16 @@ func TestInstanceEC2Forgot(t *testing.T) {
 }
 
 // With a power-off grace, a terminal exit's Pod is written at once and its
-// instance is left to power itself off; a wake-up on the queue has the
-// record looked at again when the grace ends, and an instance still
-// running then is terminated.
+// instance is left to power itself off, for the grace after the later of
+// the exit and the Pod write; a wake-up on the queue has the record looked
+// at again when the grace ends, and an instance still running then is
+// terminated.
 func TestPowerOffGrace(t *testing.T) {
 	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
 	w.Pods[podOf(1)] = true
 	core, l, q := newBatchCore(w)
 	core.Policy.PowerOffGrace = 30 * time.Second
-	msg := exitMsg(1, 0) // finished a minute before testNow
+	msg := exitMsg(1, 0)
 	msg.Exit.FinishedAt = testNow().Add(-10 * time.Second)
 	if _, err := core.HandleQueueEvent(t.Context(), batch(t, msg)); err != nil {
 		t.Fatal(err)
@@ -275,13 +281,14 @@ func TestPowerOffGrace(t *testing.T) {
 	if want := []string{"pod jobs/job-1 exit/0"}; !slices.Equal(w.Log, want) {
 		t.Fatalf("steps %q, want %q", w.Log, want)
 	}
-	if rec := l.Recs[instanceOf(1)]; rec.Pending == "" || !rec.Terminated.IsZero() {
-		t.Fatalf("record %+v, want it pending, not terminated", rec)
+	if rec := l.Recs[instanceOf(1)]; rec.Pending == "" || !rec.Terminated.IsZero() || !rec.PodSyncedAt.Equal(testNow()) {
+		t.Fatalf("record %+v, want it pending, not terminated, its Pod written at %s", rec, testNow())
 	}
-	if len(q.Sent) != 1 || q.Sent[0].Delay != 21*time.Second || q.Sent[0].Msgs[0].Kind != workqueue.KindSweep {
+	// The grace runs from the write (testNow), not from the exit.
+	if len(q.Sent) != 1 || q.Sent[0].Delay != 31*time.Second || q.Sent[0].Msgs[0].Kind != workqueue.KindSweep {
 		t.Fatalf("sent %+v, want a wake-up when the grace ends", q.Sent)
 	}
-	core.Now = func() time.Time { return testNow().Add(21 * time.Second) }
+	core.Now = func() time.Time { return testNow().Add(31 * time.Second) }
 	if _, err := core.HandleQueueEvent(t.Context(), redeliver(t, q)); err != nil {
 		t.Fatal(err)
 	}
@@ -290,5 +297,92 @@ func TestPowerOffGrace(t *testing.T) {
 	}
 	if rec := l.Recs[instanceOf(1)]; rec.Pending != "" || rec.Terminated.IsZero() {
 		t.Fatalf("record %+v, want it settled", rec)
+	}
+}
+
+// A batch whose lookup of an instance predates the end of its grace does
+// not terminate it, however late the batch decides: the host may have
+// powered off since. The instance is looked at again at once, and
+// terminated then if EC2 still describes it running; one EC2 described as
+// shutting down is settled at once, with no call.
+func TestGraceJudgedFromTheLookup(t *testing.T) {
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)), owned(instanceOf(2), podOf(2)))
+	ending := w.Instances[instanceOf(2)]
+	ending.State = model.StateShuttingDown
+	w.Instances[instanceOf(2)] = ending
+	core, l, q := newBatchCore(w)
+	core.Policy.PowerOffGrace = 30 * time.Second
+	for n := 1; n <= 2; n++ {
+		l.Recs[instanceOf(n)] = ledger.Record{InstanceID: instanceOf(n), Pod: podOf(n), Pending: "p", Version: 1,
+			Exit:        &model.Exit{Container: "main", FinishedAt: testNow().Add(-40 * time.Second)},
+			PodSynced:   model.Outcome{InstanceID: instanceOf(n), Exit: &model.Exit{Container: "main", FinishedAt: testNow().Add(-40 * time.Second)}}.Key(),
+			PodSyncedAt: testNow().Add(-34 * time.Second)} // the grace ended 4 s ago
+	}
+	// EC2 answered 5 s ago: a long batch, or a slow call.
+	w.Now = func() time.Time { return testNow().Add(-5 * time.Second) }
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, workqueue.Sweep(instanceOf(1)), workqueue.Sweep(instanceOf(2)))); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"terminate [" + instanceOf(2) + "]"}; !slices.Equal(w.Log, want) {
+		t.Fatalf("steps %q, want %q: the running instance was seen before its grace ended", w.Log, want)
+	}
+	if len(q.Sent) != 1 || q.Sent[0].Delay != 0 || len(q.Sent[0].Msgs) != 1 || q.Sent[0].Msgs[0].InstanceID != instanceOf(1) {
+		t.Fatalf("sent %+v, want a wake-up of %s at once", q.Sent, instanceOf(1))
+	}
+	w.Now = core.Now
+	if _, err := core.HandleQueueEvent(t.Context(), redeliver(t, q)); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"terminate [" + instanceOf(2) + "]", "terminate [" + instanceOf(1) + "]"}; !slices.Equal(w.Log, want) {
+		t.Fatalf("steps %q, want %q", w.Log, want)
+	}
+}
+
+// With the Pod-written tag, each running instance whose Pod a batch wrote
+// is tagged in one call for the batch, and left its grace; an instance EC2
+// describes as ending is not tagged. A tag that cannot be put is counted
+// and fails nothing.
+func TestPodWrittenTag(t *testing.T) {
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)), owned(instanceOf(2), podOf(2)), owned(instanceOf(3), podOf(3)))
+	ending := w.Instances[instanceOf(3)]
+	ending.State = model.StateShuttingDown
+	w.Instances[instanceOf(3)] = ending
+	for n := 1; n <= 3; n++ {
+		w.Pods[podOf(n)] = true
+	}
+	core, l, _ := newBatchCore(w)
+	core.Policy.PowerOffGrace = 10 * time.Second
+	core.Policy.PodWrittenTag = "reaper.io:pod-written"
+	resp, err := core.HandleQueueEvent(t.Context(), batch(t, exitMsg(1, 0), exitMsg(2, 0), exitMsg(3, 0)))
+	if err != nil || len(resp.BatchItemFailures) > 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	want := []string{"pod jobs/job-1 exit/0", "pod jobs/job-2 exit/0", "pod jobs/job-3 exit/0",
+		fmt.Sprint("tag ", []string{instanceOf(1), instanceOf(2)}), fmt.Sprint("terminate ", []string{instanceOf(3)})}
+	got := slices.Clone(w.Log)
+	slices.Sort(got[:3])
+	if !slices.Equal(got, want) {
+		t.Fatalf("steps %q, want %q", got, want)
+	}
+	if v := w.Tags[instanceOf(1)]["reaper.io:pod-written"]; v != testNow().Format(time.RFC3339) {
+		t.Fatalf("tag value %q", v)
+	}
+	if rec := l.Recs[instanceOf(1)]; rec.Pending == "" || !rec.Terminated.IsZero() {
+		t.Fatalf("record %+v, want it left its grace", rec)
+	}
+
+	w2 := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
+	w2.Pods[podOf(1)] = true
+	w2.TagErr = errors.New("UnauthorizedOperation")
+	core2, _, _ := newBatchCore(w2)
+	core2.Policy.PowerOffGrace = 10 * time.Second
+	core2.Policy.PodWrittenTag = "reaper.io:pod-written"
+	var emf bytes.Buffer
+	core2.Metrics = metrics.New(slog.New(slog.NewJSONHandler(&emf, nil)), "Reaper", metrics.FunctionReconciler)
+	if resp, err := core2.HandleQueueEvent(t.Context(), batch(t, exitMsg(1, 0))); err != nil || len(resp.BatchItemFailures) > 0 {
+		t.Fatalf("a tag not put failed the work: %v, %v", failures(resp), err)
+	}
+	if !strings.Contains(emf.String(), `"PodWrittenTagsFailed":1`) {
+		t.Fatalf("metrics %s, want PodWrittenTagsFailed 1", emf.String())
 	}
 }

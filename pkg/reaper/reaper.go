@@ -40,6 +40,7 @@ type Pods interface {
 type Fleet interface {
 	Describe(ctx context.Context, ids []string) (map[string]instances.Instance, error)
 	Terminate(ctx context.Context, ids []string, known map[string]instances.Instance) (map[string]instances.Termination, error)
+	Tag(ctx context.Context, ids []string, key, value string) ([]string, error)
 	ListOwned(ctx context.Context, fn func(instances.Instance) error) error
 }
 
@@ -72,6 +73,15 @@ type Report struct {
 	Rejected bool
 }
 
+// work is one record's progress through reconcileMany.
+type work struct {
+	// view is the record as believed, and as its Pod step left it.
+	view            ledger.Record
+	podErr, termErr error
+	// refused is EC2's code when it refused to terminate the instance.
+	refused string
+}
+
 // reconcileMany decides and carries out the plans of records whose
 // instances known describes (absent: EC2 does not know it). What a record
 // says is first checked against the instance's launch tags (believe); a
@@ -91,12 +101,6 @@ type Report struct {
 // terminate back: an apiserver outage must not keep a GPU billing, and a
 // failed terminate must not hide the exit.
 func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Record, known map[string]instances.Instance) ([]Report, []error) {
-	type work struct {
-		view            ledger.Record
-		podErr, termErr error
-		// refused is EC2's code when it refused to terminate the instance.
-		refused string
-	}
 	reps, errs, works := make([]Report, len(recs)), make([]error, len(recs)), make([]work, len(recs))
 	settleCtx, cancelSettle := p.settleContext(ctx)
 	defer cancelSettle()
@@ -152,6 +156,21 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 		return nil
 	})
 	cancelPods()
+
+	// The power-off grace runs from the Pod write too: the terminate step
+	// of a record follows the plan its Pod step left, judged from when
+	// EC2 last described the instance.
+	now := r.Now()
+	for _, i := range writes {
+		if works[i].podErr == nil {
+			works[i].view.PodSynced, works[i].view.PodSyncedAt = reps[i].Plan.Pod.Key(), now
+		}
+	}
+	for _, i := range live {
+		inst, described := known[recs[i].InstanceID]
+		r.terminateWhen(&reps[i].Plan, works[i].view, inst, described, now)
+	}
+	r.tagPodWritten(ctx, p, reps, writes, works, known)
 
 	var ending []string
 	for _, i := range live {
@@ -213,6 +232,67 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 		return nil
 	})
 	return reps, errs
+}
+
+// terminateWhen settles when the terminate of a record's instance is made,
+// once its Pod step is done (view). An instance EC2 described as ending
+// is "terminated" now: the step costs no call. One EC2 described running
+// is terminated only if that was after its power-off grace ended: a host
+// may have powered off since a lookup made before, so the instance is
+// looked at again when the grace ends (Plan.TerminateAt) instead. A batch
+// longer than the grace would otherwise terminate instances whose hosts
+// powered off while it ran.
+func (r *Reaper) terminateWhen(plan *Plan, view ledger.Record, inst instances.Instance, described bool, now time.Time) {
+	if !plan.Terminate && plan.TerminateAt.IsZero() {
+		return
+	}
+	seen := now
+	if described {
+		if model.IsEnding(inst.State) {
+			plan.Terminate, plan.TerminateAt = true, time.Time{}
+			return
+		}
+		seen = inst.DescribedAt
+	}
+	if poweringOff(view, seen, r.Policy) {
+		plan.Terminate, plan.TerminateAt = false, graceEnd(view, r.Policy)
+		plan.WaitUntil = later(plan.WaitUntil, plan.TerminateAt)
+		return
+	}
+	plan.Terminate, plan.TerminateAt = true, time.Time{}
+}
+
+// tagPodWritten tags, with Policy.PodWrittenTag, the instances still
+// running whose Pod this batch wrote and which are left their grace to
+// power off: a host that waits for the tag (through the instance
+// metadata) powers off only once its Pod tells its exit, so that a
+// provider deriving the Pod's status from the instance's state never
+// writes "instance gone" first. One CreateTags per 1,000 ids, its value
+// the time of the writes. A tag not put is logged and counted; the
+// instance is then terminated when its grace ends.
+func (r *Reaper) tagPodWritten(ctx context.Context, p phases, reps []Report, writes []int, works []work, known map[string]instances.Instance) {
+	if r.Policy.PodWrittenTag == "" {
+		return
+	}
+	var ids []string
+	for _, i := range writes {
+		inst, described := known[reps[i].InstanceID]
+		if works[i].podErr == nil && reps[i].Plan.Pod.Terminal() && !reps[i].Plan.TerminateAt.IsZero() &&
+			described && inst.Owned && !model.IsEnding(inst.State) {
+			ids = append(ids, reps[i].InstanceID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	tagCtx, cancel := p.terminateContext(ctx)
+	defer cancel()
+	value := r.Now().UTC().Format(time.RFC3339)
+	if left, err := r.Fleet.Tag(tagCtx, ids, r.Policy.PodWrittenTag, value); err != nil {
+		r.Metrics.Count(metrics.PodWrittenTagsFailed, len(left))
+		r.Log.LogAttrs(ctx, slog.LevelWarn, "pod-written tag not put", slog.Int("instances", len(left)),
+			slog.String("tag", r.Policy.PodWrittenTag), slog.String("error", err.Error()))
+	}
 }
 
 // recordSteps counts what the steps achieved and, for an exit, how long

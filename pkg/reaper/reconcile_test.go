@@ -29,12 +29,15 @@ func testNow() time.Time { return time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC) 
 // and w (package fakes).
 func newBatchCore(w *fakes.World) (*Reaper, *fakes.Ledger, *fakes.Queue) {
 	l, q := fakes.NewLedger(testNow), &fakes.Queue{}
-	return &Reaper{
+	core := &Reaper{
 		Ledger: l, Pods: w, Fleet: w, Queue: q,
 		Policy: Policy{ExitWait: time.Minute, TerminateStopped: true},
 		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Now:    testNow,
-	}, l, q
+	}
+	// EC2 answers at the core's time, whatever a test sets it to.
+	w.Now = func() time.Time { return core.Now() }
+	return core, l, q
 }
 
 const clusterName = "prod"
