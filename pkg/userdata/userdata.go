@@ -49,6 +49,18 @@ const (
 	// ShutdownAfterDelay powers off after ShutdownDelay, leaving the host to
 	// Reaper's termination until then.
 	ShutdownAfterDelay = "after-delay"
+	// ShutdownWhenPodWritten powers off as soon as Reaper has written the
+	// Pod's terminal status, which it tells by tagging the instance
+	// (TagKeys.PodWritten, REAPER_TAG_POD_WRITTEN) once per batch; the
+	// host reads its tags through the instance metadata once a second, at
+	// no API cost, at the latest until ShutdownDelay. It is the mode for a
+	// provider that derives the Pod's status from the instance's state:
+	// the instance never ends before the Pod tells the truth. It needs the
+	// instance's tags in its metadata (LaunchSettings.MetadataTags), so
+	// every tag key must be one the metadata can show
+	// (model.ValidMetadataTagKey: no "/", unlike the default keys), and
+	// Reaper deployed with REAPER_TAG_POD_WRITTEN and a power-off grace.
+	ShutdownWhenPodWritten = "when-pod-written"
 )
 
 // Defaults for Options.
@@ -142,7 +154,8 @@ type Options struct {
 	// reached the Pod ends with that exit.
 	MaxRestarts int
 	// ShutdownMode is when the wrapper powers the host off after the final
-	// exit line: ShutdownWhenShipped (default) or ShutdownAfterDelay.
+	// exit line: ShutdownWhenShipped (default), ShutdownWhenPodWritten or
+	// ShutdownAfterDelay.
 	ShutdownMode string
 	// ShutdownDelay is how long after the final exit line the wrapper waits
 	// at most before powering the host off itself, unless Reaper terminates
@@ -199,6 +212,10 @@ type LaunchSettings struct {
 	// MetadataHTTPPutResponseHopLimit is MetadataHopLimit (1), for
 	// MetadataOptions.HttpPutResponseHopLimit.
 	MetadataHTTPPutResponseHopLimit int32 `json:"metadataHttpPutResponseHopLimit"`
+	// MetadataTags is "enabled" with ShutdownWhenPodWritten, for
+	// MetadataOptions.InstanceMetadataTags: the host reads Reaper's
+	// Pod-written tag there. Otherwise "disabled".
+	MetadataTags string `json:"metadataTags"`
 }
 
 // Launch validates pod and opts and returns the launch settings.
@@ -211,6 +228,10 @@ func Launch(pod Pod, opts Options) (LaunchSettings, error) {
 	if err != nil {
 		return LaunchSettings{}, err
 	}
+	metadataTags := "disabled"
+	if opts.ShutdownMode == ShutdownWhenPodWritten {
+		metadataTags = "enabled"
+	}
 	return LaunchSettings{
 		UserData:                          script,
 		UserDataBase64:                    enc,
@@ -218,6 +239,7 @@ func Launch(pod Pod, opts Options) (LaunchSettings, error) {
 		InstanceInitiatedShutdownBehavior: ShutdownBehaviorTerminate,
 		MetadataHTTPTokens:                "required",
 		MetadataHTTPPutResponseHopLimit:   MetadataHopLimit,
+		MetadataTags:                      metadataTags,
 	}, nil
 }
 
@@ -411,8 +433,20 @@ func (o Options) resolve() (resolved, error) {
 	if o.MaxRestarts < 0 {
 		errs = append(errs, fmt.Errorf("max restarts %d is negative", o.MaxRestarts))
 	}
-	if o.ShutdownMode != ShutdownWhenShipped && o.ShutdownMode != ShutdownAfterDelay {
-		errs = append(errs, fmt.Errorf("shutdown mode %q is not %s or %s", o.ShutdownMode, ShutdownWhenShipped, ShutdownAfterDelay))
+	switch o.ShutdownMode {
+	case ShutdownWhenShipped, ShutdownAfterDelay:
+	case ShutdownWhenPodWritten:
+		keys := o.TagKeys.WithDefaults()
+		if o.TagKeys.PodWritten == "" {
+			errs = append(errs, fmt.Errorf("shutdown mode %s needs TagKeys.PodWritten, the REAPER_TAG_POD_WRITTEN of the Reaper deployment", ShutdownWhenPodWritten))
+		}
+		for _, k := range []string{keys.Managed, keys.PodNamespace, keys.PodName, keys.PodUID, keys.Cluster, keys.ClusterUID, keys.PodWritten} {
+			if k != "" && !model.ValidMetadataTagKey(k) {
+				errs = append(errs, fmt.Errorf("shutdown mode %s shows the instance's tags in its metadata, where tag key %q cannot be (letters, digits and + - = . , _ : @ only): set TagKeys, and Reaper's REAPER_TAG_* to match", ShutdownWhenPodWritten, k))
+			}
+		}
+	default:
+		errs = append(errs, fmt.Errorf("shutdown mode %q is not %s, %s or %s", o.ShutdownMode, ShutdownWhenShipped, ShutdownWhenPodWritten, ShutdownAfterDelay))
 	}
 	if o.ShutdownDelay < 0 {
 		errs = append(errs, fmt.Errorf("shutdown delay %v is negative", o.ShutdownDelay))
@@ -601,6 +635,7 @@ func wrapperConfig(pod Pod, r resolved) string {
 		{"REAPER_RESTART_POLICY", shq(pod.policy())},
 		{"REAPER_MAX_RESTARTS", fmt.Sprint(r.MaxRestarts)},
 		{"REAPER_SHUTDOWN_MODE", shq(r.ShutdownMode)},
+		{"REAPER_POD_WRITTEN_TAG", shq(r.TagKeys.PodWritten)},
 		{"REAPER_SHUTDOWN_DELAY", fmt.Sprint(r.delaySeconds)},
 		{"REAPER_EXIT_LOG", shq(r.ExitLogPath)},
 		{"REAPER_CLI", shq(r.ContainerCLI)},

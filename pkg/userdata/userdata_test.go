@@ -318,7 +318,11 @@ func TestValidate(t *testing.T) {
 		{"cli", func(_ *Pod, o *Options) { o.ContainerCLI = "docker; rm" }, "container CLI"},
 		{"max restarts", func(_ *Pod, o *Options) { o.MaxRestarts = -1 }, "max restarts"},
 		{"delay", func(_ *Pod, o *Options) { o.ShutdownDelay = -time.Second }, "shutdown delay"},
-		{"shutdown mode", func(_ *Pod, o *Options) { o.ShutdownMode = "never" }, `shutdown mode "never" is not when-shipped or after-delay`},
+		{"shutdown mode", func(_ *Pod, o *Options) { o.ShutdownMode = "never" }, `shutdown mode "never" is not when-shipped, when-pod-written or after-delay`},
+		{"pod-written mode without its tag", func(_ *Pod, o *Options) { o.ShutdownMode = ShutdownWhenPodWritten }, "needs TagKeys.PodWritten"},
+		{"pod-written mode with a slash in a key", func(_ *Pod, o *Options) {
+			o.ShutdownMode, o.TagKeys.PodWritten = ShutdownWhenPodWritten, "reaper.io:pod-written"
+		}, `tag key "reaper.io/managed" cannot be`},
 		{"tag key", func(_ *Pod, o *Options) { o.TagKeys.PodUID = "aws:uid" }, "tag key"},
 		{"cluster tag key", func(_ *Pod, o *Options) { o.TagKeys.Cluster = "aws:cluster" }, `tag key "aws:cluster"`},
 		{"run arg rm", func(_ *Pod, o *Options) { o.DockerRunArgs = []string{"--rm"} }, "owns --rm"},
@@ -678,5 +682,33 @@ func TestHeredocDelimiter(t *testing.T) {
 	}
 	if d := heredoc("x REAPER_EOF\n"); d != "REAPER_EOF" {
 		t.Errorf("heredoc delimiter = %q", d)
+	}
+}
+
+// ShutdownWhenPodWritten launches with the instance's tags in its metadata,
+// where the host reads Reaper's tag, and tells the wrapper which tag.
+func TestLaunchWhenPodWritten(t *testing.T) {
+	t.Parallel()
+	p := jobPod(RestartNever)
+	ls, err := Launch(p, Options{Cluster: testCluster})
+	if err != nil || ls.MetadataTags != "disabled" {
+		t.Fatalf("default launch: metadata tags %q, %v", ls.MetadataTags, err)
+	}
+	keys := model.TagKeys{Managed: "reaper.io:managed", Cluster: "reaper.io:cluster", PodNamespace: "reaper.io:pod-namespace",
+		PodName: "reaper.io:pod-name", PodUID: "reaper.io:pod-uid", ClusterUID: "reaper.io:cluster-uid", PodWritten: "reaper.io:pod-written"}
+	ls, err = Launch(p, Options{Cluster: testCluster, ShutdownMode: ShutdownWhenPodWritten, TagKeys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls.MetadataTags != "enabled" || ls.Tags["reaper.io:pod-uid"] != p.UID {
+		t.Fatalf("launch settings %+v", ls)
+	}
+	for k := range ls.Tags {
+		if !model.ValidMetadataTagKey(k) {
+			t.Errorf("tag key %q cannot be in the instance metadata", k)
+		}
+	}
+	if !strings.Contains(ls.UserData, "REAPER_POD_WRITTEN_TAG='reaper.io:pod-written'") {
+		t.Errorf("the wrapper's configuration does not name the tag")
 	}
 }

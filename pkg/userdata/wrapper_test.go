@@ -3,10 +3,15 @@ package userdata
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // The wrapper is run for real (sh -u, and bash) against the docker double,
@@ -616,5 +621,64 @@ func wantLog(t *testing.T, stderr string, msgs ...string) {
 		if !strings.Contains("\n"+stderr, "\nreaper-wrapper: "+m+"\n") {
 			t.Errorf("wrapper did not log %q; stderr:\n%s", m, stderr)
 		}
+	}
+}
+
+// In ShutdownWhenPodWritten the wrapper powers off once its instance
+// carries Reaper's Pod-written tag, read through the instance metadata
+// once a second, and at the latest after the delay; it does not wait for
+// the agent, whose line Reaper must have had to write the Pod.
+func TestWrapperPowerOffWhenPodWritten(t *testing.T) {
+	t.Parallel()
+	const tag = "reaper.io:pod-written"
+	keys := model.TagKeys{Managed: "reaper.io:managed", Cluster: "reaper.io:cluster", PodNamespace: "reaper.io:pod-namespace",
+		PodName: "reaper.io:pod-name", PodUID: "reaper.io:pod-uid", ClusterUID: "reaper.io:cluster-uid", PodWritten: tag}
+	for _, tc := range []struct {
+		name     string
+		taggedAt int // the tag read that first finds it (0: never)
+		delay    int
+		polls    int // sleeps before the power-off
+		msg      string
+	}{
+		{name: "written", taggedAt: 3, delay: 600, polls: 2, msg: "waited 2s for tag " + tag},
+		{name: "at once", taggedAt: 1, delay: 600, polls: 0, msg: "waited 0s for tag " + tag},
+		{name: "never", delay: 4, polls: 4, msg: "waited 4s for tag " + tag},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachShell(t, func(t *testing.T, sh string) {
+				var reads atomic.Int32
+				imds := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					switch {
+					case r.Method == http.MethodPut && r.URL.Path == "/latest/api/token":
+						fmt.Fprint(w, "tok-123")
+					case r.Header.Get("X-aws-ec2-metadata-token") != "tok-123":
+						http.Error(w, "unauthorized", http.StatusUnauthorized)
+					case r.URL.Path == "/latest/meta-data/instance-id":
+						fmt.Fprint(w, testInstanceID)
+					case r.URL.Path == "/latest/meta-data/tags/instance/"+tag:
+						if n := reads.Add(1); tc.taggedAt == 0 || int(n) < tc.taggedAt {
+							http.NotFound(w, r)
+							return
+						}
+						fmt.Fprint(w, "2026-12-02T10:00:00Z")
+					default:
+						http.NotFound(w, r)
+					}
+				}))
+				defer imds.Close()
+				pod := jobPod(RestartNever)
+				h := newHarness(t, pod, Options{ShutdownMode: ShutdownWhenPodWritten, TagKeys: keys, ShutdownDelay: time.Duration(tc.delay) * time.Second}, fakeRun{Exit: 0})
+				h.agentQuiet() // the agent never ships: the wrapper must not wait for it
+				h.setenv("REAPER_IMDS_URL=" + imds.URL)
+				h.run(sh, Wrapper())
+				checkLines(t, pod, h.lines(), []line{{run: 1}})
+				var want []string
+				for range tc.polls {
+					want = append(want, "sleep 0.001")
+				}
+				equalStrings(t, "calls", h.events("sleep", "shutdown"), append(want, "shutdown -P now"))
+				wantLog(t, h.stderr, tc.msg, "powering off: shutdown -P now")
+			})
+		})
 	}
 }

@@ -48,7 +48,7 @@ zero=0001-01-01T00:00:00Z
 fmt='{{.State.Status}}|{{.State.ExitCode}}|{{.State.OOMKilled}}|{{.State.StartedAt}}|{{.State.FinishedAt}}|{{.Id}}|{{.State.Error}}'
 
 # Defaults, so that the host still powers off when the configuration is bad.
-REAPER_CLI=docker REAPER_SHUTDOWN_DELAY=600 REAPER_MAX_RESTARTS=0 REAPER_SHUTDOWN_MODE=when-shipped
+REAPER_CLI=docker REAPER_SHUTDOWN_DELAY=600 REAPER_MAX_RESTARTS=0 REAPER_SHUTDOWN_MODE=when-shipped REAPER_POD_WRITTEN_TAG=''
 REAPER_EXIT_LOG=/var/log/reaper/exit.log REAPER_CONTAINER='' REAPER_IMAGE=''
 REAPER_RESTART_POLICY='' REAPER_POD_JSON='' REAPER_RUN_ARGS=''
 
@@ -105,13 +105,18 @@ signame() {
 	esac
 }
 
-# instance_id: sets iid from IMDSv2 (token, then instance-id), else from the
-# file cloud-init keeps; stays empty when neither answers.
+# metadata PATH: GETs meta-data/PATH through IMDSv2 (a token, then PATH).
+metadata() {
+	tok=$(curl -fsS -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' "$imds/latest/api/token") &&
+		curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $tok" "$imds/latest/meta-data/$1"
+} 2>/dev/null
+
+# instance_id: sets iid from IMDSv2, else from the file cloud-init keeps;
+# stays empty when neither answers.
 instance_id() {
 	case ${iid:-} in i-*) return 0 ;; esac
 	iid=
-	if tok=$(curl -fsS -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' "$imds/latest/api/token" 2>/dev/null) &&
-		id=$(curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $tok" "$imds/latest/meta-data/instance-id" 2>/dev/null); then
+	if id=$(metadata instance-id); then
 		case $id in i-*) iid=$id ;; esac
 	fi
 	[ -n "$iid" ] || iid=$(sed -n '1s/^\(i-[0-9a-f]*\)$/\1/p' "$iid_file" 2>/dev/null)
@@ -285,7 +290,15 @@ shipping() {
 # does not get there, after the delay: the last resort when the reaper has
 # not terminated the instance (it normally does within seconds).
 reap_host() {
-	if [ -n "$ship_end" ]; then
+	if [ "$REAPER_SHUTDOWN_MODE" = when-pod-written ]; then
+		# Reaper tags the instance once its Pod tells the exit.
+		n=0
+		until metadata "tags/instance/$REAPER_POD_WRITTEN_TAG" >/dev/null || [ "$n" -ge "$REAPER_SHUTDOWN_DELAY" ]; do
+			nap 1
+			n=$((n + 1))
+		done
+		log "waited ${n}s for tag $REAPER_POD_WRITTEN_TAG"
+	elif [ -n "$ship_end" ]; then
 		log "workload is terminal; powering off once the agent has shipped the exit line, at the latest in ${REAPER_SHUTDOWN_DELAY}s"
 		n=0 off=
 		until [ "$n" -ge "$REAPER_SHUTDOWN_DELAY" ]; do

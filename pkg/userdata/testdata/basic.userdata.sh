@@ -37,7 +37,7 @@ conf=${1:-${REAPER_CONFIG:-/etc/reaper/workload.conf}}
 zero=0001-01-01T00:00:00Z
 fmt='{{.State.Status}}|{{.State.ExitCode}}|{{.State.OOMKilled}}|{{.State.StartedAt}}|{{.State.FinishedAt}}|{{.Id}}|{{.State.Error}}'
 
-REAPER_CLI=docker REAPER_SHUTDOWN_DELAY=600 REAPER_MAX_RESTARTS=0 REAPER_SHUTDOWN_MODE=when-shipped
+REAPER_CLI=docker REAPER_SHUTDOWN_DELAY=600 REAPER_MAX_RESTARTS=0 REAPER_SHUTDOWN_MODE=when-shipped REAPER_POD_WRITTEN_TAG=''
 REAPER_EXIT_LOG=/var/log/reaper/exit.log REAPER_CONTAINER='' REAPER_IMAGE=''
 REAPER_RESTART_POLICY='' REAPER_POD_JSON='' REAPER_RUN_ARGS=''
 
@@ -83,11 +83,15 @@ signame() {
 	esac
 }
 
+metadata() {
+	tok=$(curl -fsS -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' "$imds/latest/api/token") &&
+		curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $tok" "$imds/latest/meta-data/$1"
+} 2>/dev/null
+
 instance_id() {
 	case ${iid:-} in i-*) return 0 ;; esac
 	iid=
-	if tok=$(curl -fsS -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' "$imds/latest/api/token" 2>/dev/null) &&
-		id=$(curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $tok" "$imds/latest/meta-data/instance-id" 2>/dev/null); then
+	if id=$(metadata instance-id); then
 		case $id in i-*) iid=$id ;; esac
 	fi
 	[ -n "$iid" ] || iid=$(sed -n '1s/^\(i-[0-9a-f]*\)$/\1/p' "$iid_file" 2>/dev/null)
@@ -233,7 +237,14 @@ shipping() {
 }
 
 reap_host() {
-	if [ -n "$ship_end" ]; then
+	if [ "$REAPER_SHUTDOWN_MODE" = when-pod-written ]; then
+		n=0
+		until metadata "tags/instance/$REAPER_POD_WRITTEN_TAG" >/dev/null || [ "$n" -ge "$REAPER_SHUTDOWN_DELAY" ]; do
+			nap 1
+			n=$((n + 1))
+		done
+		log "waited ${n}s for tag $REAPER_POD_WRITTEN_TAG"
+	elif [ -n "$ship_end" ]; then
 		log "workload is terminal; powering off once the agent has shipped the exit line, at the latest in ${REAPER_SHUTDOWN_DELAY}s"
 		n=0 off=
 		until [ "$n" -ge "$REAPER_SHUTDOWN_DELAY" ]; do
@@ -371,6 +382,7 @@ REAPER_IMAGE='registry.example.com/tools/installer:1.4'
 REAPER_RESTART_POLICY='Never'
 REAPER_MAX_RESTARTS=0
 REAPER_SHUTDOWN_MODE='when-shipped'
+REAPER_POD_WRITTEN_TAG=''
 REAPER_SHUTDOWN_DELAY=600
 REAPER_EXIT_LOG='/var/log/reaper/exit.log'
 REAPER_CLI='docker'
