@@ -42,6 +42,7 @@ func TestContextKnobs(t *testing.T) {
 			"functionLogRetentionDays": 90.0,
 			"exitWait":                 "5m",
 			"orphanGrace":              "1h",
+			"powerOffGrace":            "20s",
 			"terminateStopped":         "false",
 			"dryRun":                   true,
 			"logLevel":                 "warn",
@@ -51,6 +52,7 @@ func TestContextKnobs(t *testing.T) {
 			"tagPodName":               "example.com/pod",
 			"tagPodUid":                "example.com/uid",
 			"tagClusterUid":            "example.com/cluster-uid",
+			"tagPodWritten":            "example.com:pod-written",
 			"memoryMb":                 "512",
 			"reservedConcurrency":      10.0,
 			"sweepRate":                "2m",
@@ -97,6 +99,11 @@ func TestContextKnobs(t *testing.T) {
 				"REAPER_KUBECONFIG_SECRET": assertions.Match_AnyValue(), "REAPER_ORPHAN_CAP": "0.05",
 			})},
 		}, jsii.Number(2))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
+				"REAPER_TAG_POD_WRITTEN": "example.com:pod-written", "REAPER_POWER_OFF_GRACE": "20s",
+			})},
+		}, jsii.Number(1))
 		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
 			"BatchSize": 2000, "MaximumBatchingWindowInSeconds": 30, "ScalingConfig": map[string]any{"MaximumConcurrency": 6},
 			"FunctionResponseTypes": []any{"ReportBatchItemFailures"},
