@@ -19,12 +19,22 @@
 //     flips.
 //   - An instance gone with no exit in the ledger is left to Reaper, which
 //     waits for a late exit line before it finalizes the Pod as lost.
+//   - The status loop costs one BatchGetItem per 100 live Pods and one
+//     DescribeInstances per 1,000 of those with no exit in the ledger each
+//     period, not a call per Pod: in a real account its DescribeInstances
+//     share the account's buckets with Reaper (Config.StatusSyncPeriod).
+//
+// RunStatusFromInstance is the other provider style, the one that ignores
+// the ledger and derives a Pod's status from its instance's state alone; it
+// is here to show what that style loses, and what it needs of the hosts.
 package vkprovider
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -80,13 +90,31 @@ type Config struct {
 	ImageID      string
 	InstanceType ec2types.InstanceType
 	// StatusSyncPeriod is how often the status of each live Pod is
-	// recomputed (default 5s, virtual-kubelet's own period).
+	// recomputed (default 5s, virtual-kubelet's own period). Each period
+	// costs ⌈live Pods / 1,000⌉ DescribeInstances naming the instances (and
+	// for Run ⌈live Pods / 100⌉ BatchGetItem on the ledger, and describes
+	// only of the Pods with no exit there). In a real account those share
+	// the account's DescribeInstances buckets with Reaper and every other
+	// tool: named without a filter or pagination, they draw on the smaller
+	// one (50, refill 10 a second), so a 1 s period over 10,000 Pods would
+	// take all of its refill.
 	StatusSyncPeriod time.Duration
+	// InstanceOf, when set, finds the instance of a Pod the provider has not
+	// seen yet, in place of the lookup by the Pod UID tag (one
+	// DescribeInstances per Pod): a provider that adopts instances launched
+	// by something else (a test lab that makes its own, a migration from
+	// another provider) names them here. A Pod it names none for is
+	// launched as usual.
+	InstanceOf func(*corev1.Pod) (string, bool)
 }
 
 // Run registers the virtual node and runs the node and pod controllers until
-// ctx is done.
+// ctx is done, with the ledger-first provider: a Pod's exit comes from
+// Reaper's ledger, and the instance's state tells only Pending and Running.
 func Run(ctx context.Context, cfg Config) error {
+	if cfg.Ledger == nil {
+		return errors.New("vkprovider: Ledger is required")
+	}
 	return run(ctx, cfg, func(cfg Config, lister corev1listers.PodLister) node.PodLifecycleHandler {
 		return newProvider(cfg, lister)
 	})
@@ -97,8 +125,8 @@ func run(ctx context.Context, cfg Config, newHandler func(Config, corev1listers.
 	if !strings.HasPrefix(cfg.NodeName, NodePrefix) {
 		return fmt.Errorf("vkprovider: node name %q does not start with %q", cfg.NodeName, NodePrefix)
 	}
-	if cfg.Cluster == "" || cfg.Kube == nil || cfg.EC2 == nil || cfg.Ledger == nil {
-		return errors.New("vkprovider: Cluster, Kube, EC2 and Ledger are required")
+	if cfg.Cluster == "" || cfg.Kube == nil || cfg.EC2 == nil {
+		return errors.New("vkprovider: Cluster, Kube and EC2 are required")
 	}
 	if cfg.StatusSyncPeriod <= 0 {
 		cfg.StatusSyncPeriod = 5 * time.Second
@@ -264,13 +292,17 @@ func (p *provider) launch(ctx context.Context, pod *corev1.Pod) (string, error) 
 	return aws.ToString(out.Instances[0].InstanceId), nil
 }
 
-// instanceOf returns the Pod's instance, from memory or else by its UID
-// tag; "" when it has none.
+// instanceOf returns the Pod's instance, from memory or else from
+// Config.InstanceOf or by its UID tag; "" when it has none.
 func (p *provider) instanceOf(ctx context.Context, pod *corev1.Pod) (string, error) {
 	p.mu.Lock()
 	id, ok := p.instances[pod.UID]
 	p.mu.Unlock()
 	if ok {
+		return id, nil
+	}
+	if p.cfg.InstanceOf != nil {
+		id, _ := p.cfg.InstanceOf(pod)
 		return id, nil
 	}
 	keys := model.DefaultTagKeys()
@@ -342,10 +374,6 @@ func (p *provider) GetPodStatus(ctx context.Context, namespace, name string) (*c
 	if err != nil {
 		return nil, errdefs.AsNotFound(err)
 	}
-	return p.status(ctx, pod)
-}
-
-func (p *provider) status(ctx context.Context, pod *corev1.Pod) (*corev1.PodStatus, error) {
 	id, err := p.instanceOf(ctx, pod)
 	if err != nil {
 		return nil, err
@@ -353,34 +381,107 @@ func (p *provider) status(ctx context.Context, pod *corev1.Pod) (*corev1.PodStat
 	if id == "" {
 		return nil, errdefs.NotFoundf("pod %s/%s has no instance", pod.Namespace, pod.Name)
 	}
-	rec, ok, err := p.cfg.Ledger.Get(ctx, id)
+	sts, err := p.statuses(ctx, map[string]*corev1.Pod{id: pod})
 	if err != nil {
 		return nil, err
 	}
-	// The ledger is keyed by instance: only a record naming this very Pod
-	// (not an earlier one of the same name) and checked against the
-	// instance's tags speaks for it.
-	if ok && rec.Pod.UID == string(pod.UID) && !rec.Unverified && rec.Exit != nil && rec.Exit.Terminal() {
-		return exited(pod, *rec.Exit), nil
+	st, ok := sts[pod.UID]
+	if !ok {
+		return nil, errdefs.NotFoundf("instance %s of %s/%s is not found", id, pod.Namespace, pod.Name)
 	}
-	out, err := p.cfg.EC2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
+	return st, nil
+}
+
+// statuses are the statuses of the Pods, keyed by their instances, that
+// the ledger or EC2 can tell, by Pod UID: a Pod whose ledger record holds
+// its terminal exit gets it; the others are described, and get what their
+// instance's state says. The ledger's answers stand even when the
+// describes fail.
+func (p *provider) statuses(ctx context.Context, byInstance map[string]*corev1.Pod) (map[types.UID]*corev1.PodStatus, error) {
+	out := make(map[types.UID]*corev1.PodStatus, len(byInstance))
+	if len(byInstance) == 0 {
+		return out, nil
+	}
+	recs, err := p.cfg.Ledger.GetMany(ctx, slices.Sorted(maps.Keys(byInstance)))
 	if err != nil {
-		return nil, fmt.Errorf("describe %s of %s/%s: %w", id, pod.Namespace, pod.Name, err)
+		return nil, err
 	}
-	if len(out.Reservations) != 1 || len(out.Reservations[0].Instances) != 1 {
-		return nil, fmt.Errorf("describe %s of %s/%s: not one instance", id, pod.Namespace, pod.Name)
+	var rest []string
+	for id, pod := range byInstance {
+		// The ledger is keyed by instance: only a record naming this very
+		// Pod (not an earlier one of the same name) and checked against
+		// the instance's tags speaks for it.
+		if rec, ok := recs[id]; ok && rec.Pod.UID == string(pod.UID) && !rec.Unverified && rec.Exit != nil && rec.Exit.Terminal() {
+			out[pod.UID] = exited(pod, *rec.Exit)
+			continue
+		}
+		rest = append(rest, id)
 	}
-	inst := out.Reservations[0].Instances[0]
-	switch inst.State.Name {
-	case ec2types.InstanceStateNamePending:
-		return pending(pod), nil
-	case ec2types.InstanceStateNameRunning:
-		return running(pod, aws.ToTime(inst.LaunchTime)), nil
-	default:
-		// Gone with no exit recorded: Reaper waits for a late exit line and
-		// then finalizes the Pod; a status written here would pre-empt it.
-		return pod.Status.DeepCopy(), nil
+	slices.Sort(rest)
+	insts, err := describe(ctx, p.cfg.EC2, rest)
+	for id, inst := range insts {
+		pod := byInstance[id]
+		switch inst.State.Name {
+		case ec2types.InstanceStateNamePending:
+			out[pod.UID] = pending(pod)
+		case ec2types.InstanceStateNameRunning:
+			out[pod.UID] = running(pod, aws.ToTime(inst.LaunchTime))
+		default:
+			// Gone with no exit recorded: Reaper waits for a late exit
+			// line and then finalizes the Pod; a status written here
+			// would pre-empt it.
+			out[pod.UID] = pod.Status.DeepCopy()
+		}
 	}
+	return out, err
+}
+
+// describeIDs is EC2's limit on the instance ids one DescribeInstances
+// names; filterValues its limit on the values of one filter.
+const (
+	describeIDs  = 1000
+	filterValues = 200
+)
+
+// describe returns the instances among ids that EC2 knows, by id, naming
+// describeIDs ids a call. EC2 fails a call naming an id it does not know
+// (InvalidInstanceID.NotFound: launched moments ago, or terminated long
+// ago), so such a call's ids are described again by an instance-id filter,
+// filterValues a call, which leaves the unknown ones out. What was
+// described before an error comes with it.
+func describe(ctx context.Context, client *ec2.Client, ids []string) (map[string]ec2types.Instance, error) {
+	out := make(map[string]ec2types.Instance, len(ids))
+	add := func(res *ec2.DescribeInstancesOutput) {
+		for _, r := range res.Reservations {
+			for _, inst := range r.Instances {
+				out[aws.ToString(inst.InstanceId)] = inst
+			}
+		}
+	}
+	for chunk := range slices.Chunk(ids, describeIDs) {
+		res, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: chunk})
+		if err == nil {
+			add(res)
+			continue
+		}
+		var apiErr smithy.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode() != "InvalidInstanceID.NotFound" {
+			return out, fmt.Errorf("describe %d instances: %w", len(chunk), err)
+		}
+		for part := range slices.Chunk(chunk, filterValues) {
+			pages := ec2.NewDescribeInstancesPaginator(client, &ec2.DescribeInstancesInput{
+				Filters: []ec2types.Filter{{Name: aws.String("instance-id"), Values: part}},
+			})
+			for pages.HasMorePages() {
+				res, err := pages.NextPage(ctx)
+				if err != nil {
+					return out, fmt.Errorf("describe %d instances: %w", len(part), err)
+				}
+				add(res)
+			}
+		}
+	}
+	return out, nil
 }
 
 // NotifyPods starts the status loop.
@@ -402,19 +503,40 @@ func every(ctx context.Context, period time.Duration, fn func()) {
 	}
 }
 
+// syncStatuses computes the statuses of every live Pod together and
+// notifies those that changed.
 func (p *provider) syncStatuses(ctx context.Context, notify func(*corev1.Pod)) {
+	live := p.livePods()
+	sts, _ := p.statuses(ctx, live)
+	p.notifyChanged(live, sts, notify)
+}
+
+// livePods are the Pods of the node whose status may still change, by
+// instance: those the provider runs that are neither terminal nor being
+// deleted. A terminal status is the truth, whoever wrote it; a Pod being
+// deleted is virtual-kubelet's to finish.
+func (p *provider) livePods() map[string]*corev1.Pod {
 	pods, err := p.lister.List(labels.Everything())
 	if err != nil {
-		return
+		return nil
 	}
+	out := map[string]*corev1.Pod{}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for _, pod := range pods {
-		// A terminal status is the truth, whoever wrote it; a Pod being
-		// deleted is virtual-kubelet's to finish.
-		if terminal(pod.Status.Phase) || pod.DeletionTimestamp != nil {
-			continue
+		if id, ok := p.instances[pod.UID]; ok && !terminal(pod.Status.Phase) && pod.DeletionTimestamp == nil {
+			out[id] = pod
 		}
-		st, err := p.status(ctx, pod)
-		if err != nil {
+	}
+	return out
+}
+
+// notifyChanged notifies each status of sts that differs from the last one
+// notified for its Pod, unless the Pod was deleted meanwhile.
+func (p *provider) notifyChanged(byInstance map[string]*corev1.Pod, sts map[types.UID]*corev1.PodStatus, notify func(*corev1.Pod)) {
+	for _, pod := range byInstance {
+		st, ok := sts[pod.UID]
+		if !ok {
 			continue
 		}
 		p.mu.Lock()

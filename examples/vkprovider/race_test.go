@@ -32,10 +32,10 @@ func TestE2ENoRaceWithInstanceStateProvider(t *testing.T) {
 	provCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- vkprovider.RunInstanceStateOnly(provCtx, vkprovider.Config{
-			NodeName: raceNode, Cluster: localstack.Cluster, Kube: lab.Stack.Kube, EC2: ec2Client, Ledger: lab.Ledger,
-			ImageID: "ami-0123456789abcdef0", InstanceType: ec2types.InstanceTypeG5Xlarge,
-		}, 5*time.Millisecond)
+		done <- vkprovider.RunStatusFromInstance(provCtx, vkprovider.Config{
+			NodeName: raceNode, Cluster: localstack.Cluster, Kube: lab.Stack.Kube, EC2: ec2Client,
+			ImageID: "ami-0123456789abcdef0", InstanceType: ec2types.InstanceTypeG5Xlarge, StatusSyncPeriod: 5 * time.Millisecond,
+		})
 	}()
 	t.Cleanup(func() {
 		stop()
