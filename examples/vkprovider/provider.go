@@ -277,6 +277,8 @@ func (p *provider) launch(ctx context.Context, pod *corev1.Pod) (string, error) 
 		MetadataOptions: &ec2types.InstanceMetadataOptionsRequest{
 			HttpTokens:              ec2types.HttpTokensState(ls.MetadataHTTPTokens),
 			HttpPutResponseHopLimit: aws.Int32(ls.MetadataHTTPPutResponseHopLimit),
+			// Hosts in userdata.ShutdownWhenPodWritten read Reaper's tag there.
+			InstanceMetadataTags: ec2types.InstanceMetadataTagsState(ls.MetadataTags),
 		},
 		// The UID in the token makes a retried launch of the same Pod
 		// return the first instance instead of a second one.
