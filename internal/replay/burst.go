@@ -26,8 +26,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/reaper-k8s/reaper/examples/vkprovider"
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/esm"
 	"github.com/reaper-k8s/reaper/internal/kubeproxy"
@@ -68,6 +70,18 @@ type BurstOptions struct {
 	// themselves off after their exit line; without it an instance runs
 	// until Reaper terminates it.
 	Hosts *Hosts
+	// Provider, when not NoProvider, runs examples/vkprovider in that style
+	// beside Reaper, its node and pod controllers on the burst's Pods:
+	// they are then created Pending, bound to a virtual node of the run's
+	// own (vkprovider.NodePrefix + "burst-<run>"), and the provider adopts
+	// each one's instance (Config.InstanceOf) and reports it Running before
+	// the first delivery. Its requests go to the EC2 test server itself,
+	// sharing its buckets with the functions', and are counted apart
+	// (BurstResult.ProviderEC2).
+	Provider ProviderStyle
+	// ProviderPoll is the provider's status period (default 1 s: see
+	// defaultProviderPoll).
+	ProviderPoll time.Duration
 	// Progress, when not nil, shows a one-line progress indicator.
 	Progress io.Writer
 	// Lab shapes the lab. Its BatchingWindow and QueueVisibility default
@@ -101,6 +115,9 @@ func (o BurstOptions) withDefaults() BurstOptions {
 		h := o.Hosts.withDefaults()
 		o.Hosts = &h
 	}
+	if o.ProviderPoll == 0 {
+		o.ProviderPoll = defaultProviderPoll
+	}
 	return o
 }
 
@@ -114,9 +131,12 @@ func (o BurstOptions) withDefaults() BurstOptions {
 // running, because Reaper terminated it first, does nothing). With
 // StateChanges, EventBridge's event follows each of the two states.
 //
+// With AfterPodWritten a host that powers off waits for Reaper's tag on its
+// instance first, and powers off PowerOffMin to PowerOffMax after it saw it.
+//
 // The draws come from a generator seeded with Seed, one draw per exit in
 // the order of the exits: the same seed and number of exits power off the
-// same hosts at the same offsets from their deliveries.
+// same hosts at the same offsets from their deliveries (or their tags).
 type Hosts struct {
 	// PowerOffMin and PowerOffMax bound a host's power-off after its
 	// delivery (defaults 3 s and 7 s).
@@ -134,7 +154,26 @@ type Hosts struct {
 	// Without Hosts a line's finishedAt is when its Pod was created.
 	LineAgeMin, LineAgeMax time.Duration
 	Seed                   uint64
+	// AfterPodWritten, when not empty, is the tag key Reaper puts on an
+	// instance once it has written its Pod's terminal status
+	// (REAPER_TAG_POD_WRITTEN, which NewBurst then gives the functions): a
+	// host that powers off does so PowerOffMin – PowerOffMax after it first
+	// sees that tag on its instance instead of after its line's delivery.
+	// It reads its tags as a real host reads them through the instance
+	// metadata; here from the EC2 test server's instance, every tagPoll
+	// (one loop over every host still waiting). A host whose instance is
+	// no longer running before it sees the tag (Reaper terminated it) does
+	// nothing. Hosts drawn never to power off never do.
+	AfterPodWritten string
+	// TagWaitMax is how long a host waits for the tag before it powers off
+	// anyway, as a real host gives up waiting after its shutdown delay
+	// (default 2 min: the lab's bursts tag within seconds).
+	TagWaitMax time.Duration
 }
+
+// tagPoll is how often the hosts waiting for Reaper's tag read their
+// instances' tags.
+const tagPoll = 200 * time.Millisecond
 
 func (h Hosts) withDefaults() Hosts {
 	if h.PowerOffMin == 0 && h.PowerOffMax == 0 {
@@ -143,13 +182,16 @@ func (h Hosts) withDefaults() Hosts {
 	if h.ShutdownTime == 0 {
 		h.ShutdownTime = time.Second
 	}
+	if h.TagWaitMax == 0 {
+		h.TagWaitMax = 2 * time.Minute
+	}
 	return h
 }
 
 func (h Hosts) check() error {
 	if h.PowerOffMin < 0 || h.PowerOffMax < h.PowerOffMin || h.LineAgeMin < 0 || h.LineAgeMax < h.LineAgeMin ||
-		h.ShutdownTime < 0 || h.NeverPowerOff < 0 || h.NeverPowerOff > 1 {
-		return fmt.Errorf("burst: hosts %+v: want 0 ≤ min ≤ max for the power-off and the line age, a shutdown time of at least 0 and a part never powering off in [0, 1]", h)
+		h.ShutdownTime < 0 || h.NeverPowerOff < 0 || h.NeverPowerOff > 1 || h.TagWaitMax < 0 {
+		return fmt.Errorf("burst: hosts %+v: want 0 ≤ min ≤ max for the power-off and the line age, a shutdown time and a wait for the tag of at least 0 and a part never powering off in [0, 1]", h)
 	}
 	return nil
 }
@@ -214,6 +256,9 @@ func NewBurst(ctx context.Context, stack *localstack.Stack, table string, bootst
 			return nil, err
 		}
 	}
+	if opts.Provider < NoProvider || opts.Provider > StatusFromInstance || opts.ProviderPoll < 0 {
+		return nil, fmt.Errorf("burst: provider %v polling every %v: no such provider", opts.Provider, opts.ProviderPoll)
+	}
 	names := []string{metrics.FunctionExitRecorder, metrics.FunctionReconciler}
 	if opts.StateChanges {
 		names = append(names, metrics.FunctionStateChange)
@@ -243,6 +288,9 @@ func NewBurst(ctx context.Context, stack *localstack.Stack, table string, bootst
 		"AWS_ENDPOINT_URL_EC2="+b.ec2.srv.URL,
 		"REAPER_EC2_LIMITS="+opts.Limits,
 		fmt.Sprintf("REAPER_EC2_SHARE=%g", opts.Share))
+	if opts.Hosts != nil && opts.Hosts.AfterPodWritten != "" {
+		labOpts.Env = append(labOpts.Env, "REAPER_TAG_POD_WRITTEN="+opts.Hosts.AfterPodWritten)
+	}
 	if b.Lab, err = NewLabWith(ctx, stack, table, bins, labOpts); err != nil {
 		b.Stop()
 		return nil, err
@@ -291,10 +339,11 @@ func (b *Burst) startKubeProxy(stack *localstack.Stack) (string, error) {
 // server's.
 func ScaledLimits(scale float64) string {
 	p := model.PublishedBudget()
-	return fmt.Sprintf("describe=%d/%g,terminate=%d/%g,terminate-instances=%d/%g",
+	return fmt.Sprintf("describe=%d/%g,terminate=%d/%g,terminate-instances=%d/%g,create-tags=%d/%g",
 		p.Describe.Capacity, p.Describe.Refill*scale,
 		p.Terminate.Capacity, p.Terminate.Refill*scale,
-		p.TerminateInstances.Capacity, p.TerminateInstances.Refill*scale)
+		p.TerminateInstances.Capacity, p.TerminateInstances.Refill*scale,
+		p.CreateTags.Capacity, p.CreateTags.Refill*scale)
 }
 
 // Stop stops the lab and the extra senders.
@@ -342,6 +391,19 @@ type BurstPod struct {
 	// EndState is the instance's state on the EC2 test server once the
 	// burst is over.
 	EndState ec2server.State
+	// Reason and ExitSeen are the container's terminated reason and exit
+	// code in the status the Pod was first seen terminal with (ExitSeen -1
+	// when it had none).
+	Reason   string
+	ExitSeen int
+	// Wrong says the Pod did not end with its exit line's truth: first
+	// seen terminal, or at the end of the burst, with another phase or exit
+	// code than its line's (Succeeded with 0, Failed with the code), or
+	// with the reason vkprovider.InstanceGone, a provider's status.
+	Wrong bool
+	// TagSeen, with Hosts.AfterPodWritten, is when its host first saw
+	// Reaper's tag on its instance (zero if it never did).
+	TagSeen time.Time
 }
 
 // Gone is when the instance first ended: Reaper's first successful
@@ -377,9 +439,10 @@ type BurstResult struct {
 	// long delivering all of them took.
 	FirstDelivery time.Time
 	Delivering    time.Duration
-	// EC2 counts the EC2 test server's requests by action while the burst
-	// ran (refused ones included: the server is the burst's alone) and
-	// Refused those its buckets refused. Retried counts the requests that
+	// EC2 counts the functions' EC2 requests by action while the burst ran
+	// (refused ones included), as the recorder in front of the EC2 test
+	// server saw them, and Refused those answered RequestLimitExceeded (the
+	// server's buckets refused them). Retried counts the requests that
 	// were SDK retries of an operation already sent.
 	EC2, Refused, Retried map[string]int
 	// Kube counts the functions' apiserver requests by "VERB
@@ -405,6 +468,16 @@ type BurstResult struct {
 	// TerminateInstances resource bucket was asked for. PoweredOff counts
 	// the hosts that powered their instance off (BurstPod.PoweredOff).
 	TerminateNamed, PoweredOff int
+	// Provider is the provider that ran beside Reaper (BurstOptions).
+	// ProviderEC2 and ProviderRefused count its EC2 requests by action
+	// while the burst ran, and those refused; ProviderDynamo its DynamoDB
+	// requests (LedgerFirst's ledger reads). None of them is among EC2,
+	// Refused or Dynamo.
+	Provider                                     ProviderStyle
+	ProviderEC2, ProviderRefused, ProviderDynamo map[string]int
+	// WrongPods are the Pods that did not end with their exit's truth
+	// (BurstPod.Wrong), in the order of the exits.
+	WrongPods []string
 }
 
 // AllGone is the time from the first delivery until the last instance was
@@ -479,21 +552,42 @@ func (r *BurstResult) TerminateFloor(share float64) time.Duration {
 // StateChanges the state-change events of each instance that ends are
 // delivered too), waits until every host has done what it will and the
 // work queue is drained, and reports what it took. Every seventh Pod
-// exits 1, the others 0. The EC2 test server must be the burst's alone
-// while it runs.
+// exits 1, the others 0. With a Provider, the provider adopts the Pods
+// before the first delivery and runs until every Pod is terminal. The EC2
+// test server must be the burst's alone while it runs.
 func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 	run := burstRuns.Add(1)
 	n := b.opts.Exits
 	stack := b.Lab.Stack
-	res := &BurstResult{Exits: n, Scale: b.opts.Scale, Share: b.opts.Share, Namespace: fmt.Sprintf("burst-%d", run), Pods: make([]BurstPod, n)}
+	res := &BurstResult{Exits: n, Scale: b.opts.Scale, Share: b.opts.Share, Namespace: fmt.Sprintf("burst-%d", run), Pods: make([]BurstPod, n),
+		Provider: b.opts.Provider}
 	bar := NewProgress(b.opts.Progress, "burst", n)
-	exits, err := b.createPods(ctx, run, res, bar)
+	node := ""
+	if b.opts.Provider != NoProvider {
+		node = fmt.Sprintf("%sburst-%d", vkprovider.NodePrefix, run)
+	}
+	exits, err := b.createPods(ctx, run, node, res, bar)
 	if err != nil {
 		return nil, err
 	}
 	byInstance := make(map[string]int, n)
 	for i, p := range res.Pods {
 		byInstance[p.InstanceID] = i
+	}
+	var prov *providerRun
+	if b.opts.Provider != NoProvider {
+		instances := make(map[types.UID]string, n)
+		for _, e := range exits {
+			instances[e.Pod.UID] = e.InstanceID
+		}
+		if prov, err = b.startProvider(ctx, node, instances); err != nil {
+			return nil, err
+		}
+		defer prov.stop()
+		bar.Step(0, fmt.Sprintf("provider %s adopting the Pods", b.opts.Provider))
+		if err := prov.waitAdopted(ctx, stack, res.Namespace, n); err != nil {
+			return nil, err
+		}
 	}
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
@@ -506,6 +600,9 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 	b.Kube.Calls.Reset()
 	b.dynamo.Reset()
 	b.ec2.reset()
+	if prov != nil {
+		prov.reset()
+	}
 	stats := b.Lab.Mapping.Stats()
 	logsBefore := make([]int, len(b.Lab.Reconcilers))
 	for i, f := range b.Lab.Reconcilers {
@@ -548,6 +645,14 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 	close(stopCounting)
 	stopBar()
 	stopWatch()
+	if prov != nil {
+		// Stopped before the Pods' end states are read.
+		errs = append(errs, prov.stop())
+		res.ProviderEC2, res.ProviderRefused = prov.ec2.counts()
+		if prov.dynamo != nil {
+			res.ProviderDynamo = prov.dynamo.Counts()
+		}
+	}
 
 	b.collect(ctx, res, byInstance, terminal, ec2Before, sqsBefore, stats, logsBefore, &errs)
 	return res, errors.Join(errs...)
@@ -580,10 +685,11 @@ func (p *Progress) Follow(state func() (done int, what string)) (stop func()) {
 	}
 }
 
-// createPods creates the running Pods and their instances and returns the
-// exit payloads.
-func (b *Burst) createPods(ctx context.Context, run int64, res *BurstResult, bar *Progress) ([]Exit, error) {
-	exits, err := b.Lab.CreateExits(ctx, res.Namespace, len(res.Pods), func(i int) (string, string, int) {
+// createPods creates the Pods and their instances and returns the exit
+// payloads: running Pods on VirtualNode, or with node Pods bound to it for
+// its provider to report Running.
+func (b *Burst) createPods(ctx context.Context, run int64, node string, res *BurstResult, bar *Progress) ([]Exit, error) {
+	exits, err := b.Lab.createExits(ctx, res.Namespace, node, len(res.Pods), func(i int) (string, string, int) {
 		code := 0
 		if i%7 == 6 {
 			code = 1
@@ -625,6 +731,12 @@ const fixtureWorkers = 16
 // whose Pod could not be created is left zero, with its error among those
 // returned.
 func (l *Lab) CreateExits(ctx context.Context, namespace string, n int, names ExitNames, created func(done int)) ([]Exit, error) {
+	return l.createExits(ctx, namespace, "", n, names, created)
+}
+
+// createExits is CreateExits, with Pods bound to node (BoundPod) rather
+// than running on VirtualNode when node is not empty.
+func (l *Lab) createExits(ctx context.Context, namespace, node string, n int, names ExitNames, created func(done int)) ([]Exit, error) {
 	if err := l.Stack.EnsureNamespaces(ctx, namespace); err != nil {
 		return nil, err
 	}
@@ -637,7 +749,13 @@ func (l *Lab) CreateExits(ctx context.Context, namespace string, n int, names Ex
 		wg.Go(func() {
 			for i := range next {
 				name, id, code := names(i)
-				pod, err := l.RunningPod(ctx, namespace, name, corev1.RestartPolicyNever)
+				var pod *corev1.Pod
+				var err error
+				if node == "" {
+					pod, err = l.RunningPod(ctx, namespace, name, corev1.RestartPolicyNever)
+				} else {
+					pod, err = l.BoundPod(ctx, namespace, name, node, corev1.RestartPolicyNever)
+				}
 				if err != nil {
 					errs[i] = err
 					continue
@@ -726,24 +844,105 @@ type hostRun struct {
 	// states, when not nil, delivers the state-change events.
 	states *stateSender
 	gone   *goneSet
-	// wg counts the steps scheduled and not yet taken.
+	// wg counts the steps scheduled and not yet taken, a host waiting for
+	// its tag among them.
 	wg sync.WaitGroup
+
+	// tagKey is Hosts.AfterPodWritten; waiting holds the hosts waiting for
+	// it, with when each started to.
+	tagKey  string
+	tagWait time.Duration
+	mu      sync.Mutex
+	waiting map[int]time.Time
+	// closed says the tag loop has stopped: no host may wait any more.
+	closed bool
+	// loopDone is closed when the tag loop has returned.
+	loopDone chan struct{}
 }
 
 func newHostRun(ctx context.Context, stack *localstack.Stack, h Hosts, pods []BurstPod, states *stateSender, gone *goneSet) *hostRun {
-	r := &hostRun{ec2: stack.EC2, plan: h.plan(len(pods)), pods: pods, shutdown: h.ShutdownTime, states: states, gone: gone}
+	r := &hostRun{ec2: stack.EC2, plan: h.plan(len(pods)), pods: pods, shutdown: h.ShutdownTime, states: states, gone: gone,
+		tagKey: h.AfterPodWritten, tagWait: h.TagWaitMax, waiting: map[int]time.Time{}, loopDone: make(chan struct{})}
 	r.ctx, r.cancel = context.WithCancel(ctx)
 	for i := range pods {
 		pods[i].PowersOff = r.plan[i].powersOff
+	}
+	if r.tagKey != "" {
+		go r.tagLoop()
+	} else {
+		close(r.loopDone)
 	}
 	return r
 }
 
 // delivered tells host i its exit line was delivered at: it powers off its
-// plan's time later, if it ever does.
+// plan's time later, or with a tag key its plan's time after it sees the
+// tag, if it ever does.
 func (r *hostRun) delivered(i int, at time.Time) {
-	if r.plan[i].powersOff {
+	if !r.plan[i].powersOff {
+		return
+	}
+	if r.tagKey == "" {
 		r.later(time.Until(at.Add(r.plan[i].after)), func() { r.powerOff(i) })
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		r.wg.Add(1)
+		r.waiting[i] = at
+	}
+}
+
+// tagLoop reads, every tagPoll, the instance tags of every host waiting for
+// the tag: one that sees it powers off its plan's time later; one whose
+// instance no longer runs has nothing left to do; one that waited tagWait
+// powers off at once. When the run stops, the hosts still waiting stop
+// too.
+func (r *hostRun) tagLoop() {
+	defer close(r.loopDone)
+	tick := time.NewTicker(tagPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			r.mu.Lock()
+			r.closed = true
+			for i := range r.waiting {
+				delete(r.waiting, i)
+				r.wg.Done()
+			}
+			r.mu.Unlock()
+			return
+		case <-tick.C:
+		}
+		r.mu.Lock()
+		waiting := make([]int, 0, len(r.waiting))
+		for i := range r.waiting {
+			waiting = append(waiting, i)
+		}
+		r.mu.Unlock()
+		for _, i := range waiting {
+			inst, ok := r.ec2.Instance(r.pods[i].InstanceID)
+			now := time.Now()
+			r.mu.Lock()
+			since := r.waiting[i]
+			r.mu.Unlock()
+			switch {
+			case !ok || inst.State != ec2server.Running:
+			case inst.Tags[r.tagKey] != "":
+				r.pods[i].TagSeen = now
+				r.later(r.plan[i].after, func() { r.powerOff(i) })
+			case now.Sub(since) >= r.tagWait:
+				r.later(0, func() { r.powerOff(i) })
+			default:
+				continue
+			}
+			r.mu.Lock()
+			delete(r.waiting, i)
+			r.mu.Unlock()
+			r.wg.Done()
+		}
 	}
 }
 
@@ -782,12 +981,14 @@ func (r *hostRun) event(id, state string) {
 	}
 }
 
-// wait waits until every host told of its delivery has powered off.
+// wait waits until every host told of its delivery has powered off, or
+// found its instance ended first.
 func (r *hostRun) wait() { r.wg.Wait() }
 
 // stop cancels the steps not yet taken and waits for those under way.
 func (r *hostRun) stop() {
 	r.cancel()
+	<-r.loopDone
 	r.wg.Wait()
 }
 
@@ -966,21 +1167,53 @@ func (s *stateSender) finish() (int, error) {
 	return int(s.sent.Load()), s.err
 }
 
-// terminalWatch records when each Pod of a namespace is first seen
+// terminalWatch records when and how each Pod of a namespace is first seen
 // Succeeded or Failed.
 type terminalWatch struct {
-	mu    sync.Mutex
-	at    map[string]time.Time
-	phase map[string]corev1.PodPhase
+	mu   sync.Mutex
+	ends map[string]podEnd
 	// changed is signalled (without blocking) at each new terminal Pod.
 	changed chan struct{}
 	err     error
 }
 
+// podEnd is a terminal Pod's status as seen at a time.
+type podEnd struct {
+	at     time.Time
+	phase  corev1.PodPhase
+	reason string
+	// code is the container's exit code, -1 when it has none.
+	code int
+}
+
+// endOf is the terminal status of pod now, and whether it has one.
+func endOf(pod *corev1.Pod) (podEnd, bool) {
+	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		return podEnd{}, false
+	}
+	e := podEnd{at: time.Now(), phase: pod.Status.Phase, code: -1}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			e.reason, e.code = t.Reason, int(t.ExitCode)
+		}
+	}
+	return e, true
+}
+
+// truthful says e is what an exit with code ends its Pod with: Succeeded
+// with 0, Failed with the code, and not a provider's "instance gone".
+func (e podEnd) truthful(code int) bool {
+	phase := corev1.PodSucceeded
+	if code != 0 {
+		phase = corev1.PodFailed
+	}
+	return e.phase == phase && e.code == code && e.reason != vkprovider.InstanceGone
+}
+
 // watchTerminal lists the namespace's Pods, then watches them until ctx
 // ends, listing again when the apiserver closes the watch.
 func watchTerminal(ctx context.Context, stack *localstack.Stack, namespace string) (*terminalWatch, error) {
-	w := &terminalWatch{at: map[string]time.Time{}, phase: map[string]corev1.PodPhase{}, changed: make(chan struct{}, 1)}
+	w := &terminalWatch{ends: map[string]podEnd{}, changed: make(chan struct{}, 1)}
 	pods := stack.Kube.CoreV1().Pods(namespace)
 	start := func() (watch.Interface, error) {
 		list, err := pods.List(ctx, metav1.ListOptions{})
@@ -1019,15 +1252,16 @@ func watchTerminal(ctx context.Context, stack *localstack.Stack, namespace strin
 }
 
 func (w *terminalWatch) see(pod *corev1.Pod) {
-	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+	e, ok := endOf(pod)
+	if !ok {
 		return
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.at[pod.Name]; ok {
+	if _, ok := w.ends[pod.Name]; ok {
 		return
 	}
-	w.at[pod.Name], w.phase[pod.Name] = time.Now(), pod.Status.Phase
+	w.ends[pod.Name] = e
 	select {
 	case w.changed <- struct{}{}:
 	default:
@@ -1039,7 +1273,7 @@ func (w *terminalWatch) see(pod *corev1.Pod) {
 func (w *terminalWatch) wait(ctx context.Context, n int, patience time.Duration) error {
 	for {
 		w.mu.Lock()
-		got, err := len(w.at), w.err
+		got, err := len(w.ends), w.err
 		w.mu.Unlock()
 		if got >= n {
 			return nil
@@ -1067,12 +1301,40 @@ func (b *Burst) collect(ctx context.Context, res *BurstResult, byInstance map[st
 	terminal.mu.Lock()
 	for i := range res.Pods {
 		p := &res.Pods[i]
-		p.Terminal, p.Phase = terminal.at[p.Name], terminal.phase[p.Name]
+		p.ExitSeen = -1
+		if e, ok := terminal.ends[p.Name]; ok {
+			p.Terminal, p.Phase, p.Reason, p.ExitSeen = e.at, e.phase, e.reason, e.code
+			p.Wrong = !e.truthful(p.ExitCode)
+		}
 	}
 	terminal.mu.Unlock()
+	// A terminal status may still change (the apiserver lets one phase
+	// flip to the other): the end states count as well.
+	list, err := stack.Kube.CoreV1().Pods(res.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("list the Pods at the end: %w", err))
+	} else {
+		byName := make(map[string]*corev1.Pod, len(list.Items))
+		for i := range list.Items {
+			byName[list.Items[i].Name] = &list.Items[i]
+		}
+		for i := range res.Pods {
+			p := &res.Pods[i]
+			if pod, ok := byName[p.Name]; ok {
+				if e, ok := endOf(pod); ok && !e.truthful(p.ExitCode) {
+					p.Wrong = true
+				}
+			}
+		}
+	}
+	for _, p := range res.Pods {
+		if p.Wrong {
+			res.WrongPods = append(res.WrongPods, p.Name)
+		}
+	}
 
 	ec2 := stack.EC2.TallySince(ec2Before)
-	res.EC2, res.Refused = ec2.Requests, ec2.Refused
+	res.EC2, res.Refused = b.ec2.requests()
 	for id, at := range ec2.FirstTerminated {
 		if i, ok := byInstance[id]; ok {
 			res.Pods[i].ShuttingDown = at
@@ -1263,6 +1525,8 @@ type ec2Request struct {
 	action, invocation string
 	instances          []string
 	status             int
+	// code is the answer's error code, "" on success.
+	code string
 }
 
 func newEC2Recorder(target string) *ec2Recorder {
@@ -1286,7 +1550,7 @@ func newEC2Recorder(target string) *ec2Recorder {
 		}
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		proxy.ServeHTTP(sw, r)
-		req.status = sw.status
+		req.status, req.code = sw.status, errorCode(sw.errorBody)
 		rec.mu.Lock()
 		rec.ops = append(rec.ops, req)
 		rec.mu.Unlock()
@@ -1298,6 +1562,21 @@ func (r *ec2Recorder) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ops = nil
+}
+
+// requests returns, since the last reset, the requests by action and
+// those answered RequestLimitExceeded.
+func (r *ec2Recorder) requests() (requests, refused map[string]int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	requests, refused = map[string]int{}, map[string]int{}
+	for _, op := range r.ops {
+		requests[op.action]++
+		if op.code == "RequestLimitExceeded" {
+			refused[op.action]++
+		}
+	}
+	return requests, refused
 }
 
 // operations returns, since the last reset, the requests by action that
@@ -1360,15 +1639,28 @@ func (r *ec2Recorder) terminatesAnswered(status int) map[string]int {
 	return out
 }
 
-// statusWriter keeps the status code of the response it writes.
+// statusWriter keeps the status code of the response it writes, and the
+// body of an error.
 type statusWriter struct {
 	http.ResponseWriter
-	status int
+	status    int
+	errorBody []byte
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	w.status = code
 	w.ResponseWriter.WriteHeader(code)
+}
+
+// maxErrorBody bounds what statusWriter keeps of an error's body: EC2's
+// error responses are a few hundred bytes.
+const maxErrorBody = 4096
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status >= 400 && len(w.errorBody) < maxErrorBody {
+		w.errorBody = append(w.errorBody, p[:min(len(p), maxErrorBody-len(w.errorBody))]...)
+	}
+	return w.ResponseWriter.Write(p)
 }
 
 // Unwrap lets http.ResponseController reach the connection's writer.

@@ -32,21 +32,11 @@ const VirtualNode = "reaper-virtual-node"
 // status a provider writes once the instance runs it: Running, Ready, with
 // a running container status carrying image, imageID and containerID.
 func (l *Lab) RunningPod(ctx context.Context, namespace, name string, policy corev1.RestartPolicy) (*corev1.Pod, error) {
-	if err := l.Stack.EnsureNamespaces(ctx, namespace); err != nil {
+	pod, err := l.BoundPod(ctx, namespace, name, VirtualNode, policy)
+	if err != nil {
 		return nil, err
 	}
 	pods := l.Stack.Kube.CoreV1().Pods(namespace)
-	pod, err := pods.Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Spec: corev1.PodSpec{
-			NodeName:      VirtualNode,
-			RestartPolicy: policy,
-			Containers:    []corev1.Container{{Name: "main", Image: "public.ecr.aws/docker/library/busybox:1.37"}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("create pod %s/%s: %w", namespace, name, err)
-	}
 	started := metav1.NewTime(time.Now().Add(-time.Hour).Truncate(time.Second))
 	sum := sha256.Sum256([]byte(pod.UID))
 	status := corev1.PodStatus{
@@ -71,6 +61,26 @@ func (l *Lab) RunningPod(ctx context.Context, namespace, name string, policy cor
 		return nil, err
 	}
 	return pods.Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+}
+
+// BoundPod creates a Pod bound to node with no status: Pending, until the
+// node's provider reports it.
+func (l *Lab) BoundPod(ctx context.Context, namespace, name, node string, policy corev1.RestartPolicy) (*corev1.Pod, error) {
+	if err := l.Stack.EnsureNamespaces(ctx, namespace); err != nil {
+		return nil, err
+	}
+	pod, err := l.Stack.Kube.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: corev1.PodSpec{
+			NodeName:      node,
+			RestartPolicy: policy,
+			Containers:    []corev1.Container{{Name: "main", Image: "public.ecr.aws/docker/library/busybox:1.37"}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create pod %s/%s: %w", namespace, name, err)
+	}
+	return pod, nil
 }
 
 // ContainerID is the docker container ID the fixtures give a Pod's
