@@ -1,0 +1,193 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/internal/replay"
+)
+
+// providersGrace is the REAPER_POWER_OFF_GRACE of BenchmarkBurstProviders:
+// the README's example, longer than a batch of a 10,000-exit burst on two
+// cores (20 – 31 s, REPORT.md's "Hosts that power themselves off"). The
+// Pod-written tag needs a grace: without one Reaper terminates an instance
+// as soon as it has written its Pod, before its host can read the tag.
+const (
+	providersGrace = 30 * time.Second
+	// providersTag is the REAPER_TAG_POD_WRITTEN of the hosts that wait
+	// for it.
+	providersTag = "reaper.io:pod-written"
+)
+
+// providerRuns are BenchmarkBurstProviders' runs: each provider style with
+// the hosts it needs.
+var providerRuns = []struct {
+	provider replay.ProviderStyle
+	// waitForTag makes the hosts power off after Reaper's Pod-written tag
+	// rather than after their line's delivery.
+	waitForTag bool
+}{
+	{replay.LedgerFirst, false},
+	{replay.StatusFromInstance, true},
+}
+
+// BenchmarkBurstProviders lets hostsExits Pods end at once
+// (REAPER_BENCH_PROVIDERS_EXITS overrides it) beside a virtual-kubelet
+// provider from examples/vkprovider, once per provider style, with
+// BenchmarkBurstHosts' production settings: hosts that power themselves off
+// 3 – 7 s after their trigger, 10% never (seed hostsSeed); lines delivered
+// 0.3 – 1.5 s after they were written; EventBridge's two events of every
+// instance; the reconcilers as deployed, at EC2's published buckets
+// refilled × hostsScale; REAPER_POWER_OFF_GRACE providersGrace.
+//
+//   - ledger-first (vkprovider.Run), hosts powering off after their line's
+//     delivery, as the default user-data's do;
+//   - status-from-instance (vkprovider.RunStatusFromInstance), hosts
+//     powering off after they see Reaper's Pod-written tag on their
+//     instance (REAPER_TAG_POD_WRITTEN).
+//
+// The provider polls every second (replay's default: see
+// BurstOptions.ProviderPoll) against the same EC2 test server, its requests
+// counted apart from Reaper's. Each run prints its table, reports the Pods
+// that did not end with their exit's truth, and writes its timeline
+// (burst-providers-<style>.csv) for bench/chart:
+//
+//	go run ./bench/chart -in bench/burst-providers-ledger-first.csv -out bench/burst-providers-ledger-first.png
+func BenchmarkBurstProviders(b *testing.B) {
+	exits := hostsExits
+	if v := os.Getenv("REAPER_BENCH_PROVIDERS_EXITS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("REAPER_BENCH_PROVIDERS_EXITS=%q: want a positive number", v)
+		}
+		exits = n
+	}
+	for _, run := range providerRuns {
+		b.Run("provider="+run.provider.String(), func(b *testing.B) {
+			b.StopTimer()
+			w := getWorld(b)
+			ctx := context.Background()
+			hosts := &replay.Hosts{
+				PowerOffMin: 3 * time.Second, PowerOffMax: 7 * time.Second, NeverPowerOff: 0.1,
+				LineAgeMin: 300 * time.Millisecond, LineAgeMax: 1500 * time.Millisecond, Seed: hostsSeed,
+			}
+			if run.waitForTag {
+				hosts.AfterPodWritten = providersTag
+			}
+			burst, err := replay.NewBurst(ctx, w.stack, "reaper-bench-provider-"+run.provider.String(), buildBootstraps(b), replay.BurstOptions{
+				Exits: exits, Scale: hostsScale, StateChanges: true, Progress: os.Stderr, Hosts: hosts, Provider: run.provider,
+				Lab: replay.LabOptions{Env: []string{"REAPER_POWER_OFF_GRACE=" + providersGrace.String()}},
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(burst.Stop)
+			for range b.N {
+				w.stack.EC2.EnableBuckets(ec2server.PublishedLimits(), hostsScale)
+				b.StartTimer()
+				res, err := burst.Run(ctx)
+				b.StopTimer()
+				w.stack.EC2.DisableBuckets()
+				if res != nil {
+					reportProviders(b, res, run.waitForTag)
+					if err := writeTimeline(fmt.Sprintf("burst-providers-%s.csv", run.provider), res); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				checkProviders(b, res)
+				if err := w.cleanupBurst(ctx, res, &baselineResult{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// checkProviders fails the benchmark unless every Pod ended with its
+// exit's truth and every instance is gone.
+func checkProviders(b *testing.B, res *replay.BurstResult) {
+	if len(res.WrongPods) > 0 {
+		b.Fatalf("%d Pods did not end with their exit's truth: %v", len(res.WrongPods), res.WrongPods)
+	}
+	if running := res.StillRunning(); len(running) > 0 {
+		b.Fatalf("%d instances still running: %v", len(running), running)
+	}
+}
+
+// reportProviders reports a burst beside a provider and writes its table to
+// stderr.
+func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool) {
+	n := float64(res.Exits)
+	lat := res.PodLatencies()
+	all, allGone := res.AllGone()
+	never, early, tagged := 0, 0, 0
+	for _, p := range res.Pods {
+		if !p.PowersOff {
+			never++
+		}
+		if !p.PoweredOff.IsZero() && (p.Terminal.IsZero() || p.PoweredOff.Before(p.Terminal)) {
+			early++
+		}
+		if !p.TagSeen.IsZero() {
+			tagged++
+		}
+	}
+	refusals, providerRefusals := sum(res.Refused), sum(res.ProviderRefused)
+	var deferred int
+	for _, c := range res.Batches {
+		deferred += c.Deferred
+	}
+
+	b.ReportMetric(float64(len(res.WrongPods)), "wrong-pods")
+	b.ReportMetric(100*float64(res.TerminateNamed)/n, "terminate-named-%")
+	b.ReportMetric(float64(res.EC2["DescribeInstances"]), "describe-requests")
+	b.ReportMetric(float64(res.ProviderEC2["DescribeInstances"]), "provider-describe-requests")
+	b.ReportMetric(float64(refusals), "refusals")
+	b.ReportMetric(float64(providerRefusals), "provider-refusals")
+	b.ReportMetric(all.Seconds(), "all-gone-s")
+	b.ReportMetric(percentile(lat, 50).Seconds(), "pod-terminal-p50-s")
+	b.ReportMetric(percentile(lat, 99).Seconds(), "pod-terminal-p99-s")
+
+	var t strings.Builder
+	row := func(what, v string) { fmt.Fprintf(&t, "| %s | %s |\n", what, v) }
+	trigger := "their line's delivery"
+	if waitForTag {
+		trigger = "Reaper's Pod-written tag"
+	}
+	fmt.Fprintf(&t, "\n| %d exits, provider %s, hosts powering off after %s, refill × %g, REAPER_POWER_OFF_GRACE %s | |\n|---|---|\n",
+		res.Exits, res.Provider, trigger, res.Scale, providersGrace)
+	row("Pods not ending with their exit's truth (WrongPods)", fmt.Sprintf("%d (%.1f%% of N)", len(res.WrongPods), 100*float64(len(res.WrongPods))/n))
+	row("Pod terminal after its delivery, p50 / p99", fmt.Sprintf("%s / %s", secs(percentile(lat, 50)), secs(percentile(lat, 99))))
+	row("hosts drawn never to power off / that powered off / of them before their Pod was terminal", fmt.Sprintf("%d / %d / %d", never, res.PoweredOff, early))
+	if waitForTag {
+		row("hosts that saw the Pod-written tag", fmt.Sprint(tagged))
+	}
+	row("instances named in TerminateInstances", fmt.Sprintf("%d (%.1f%% of N)", res.TerminateNamed, 100*float64(res.TerminateNamed)/n))
+	row("Reaper's requests: DescribeInstances / TerminateInstances / CreateTags", fmt.Sprintf("%d / %d / %d", res.EC2["DescribeInstances"], res.EC2["TerminateInstances"], res.EC2["CreateTags"]))
+	row("the provider's DescribeInstances requests", fmt.Sprint(res.ProviderEC2["DescribeInstances"]))
+	row("the provider's DynamoDB requests (ledger reads)", fmt.Sprint(res.ProviderDynamo))
+	row("requests refused (RequestLimitExceeded): Reaper's / the provider's", fmt.Sprintf("%d %v / %d %v", refusals, res.Refused, providerRefusals, res.ProviderRefused))
+	gone := "not every instance gone"
+	if allGone {
+		gone = secs(all)
+	}
+	row("first delivery → every instance gone", gone)
+	row("still running at the end", fmt.Sprint(len(res.StillRunning())))
+	row("state-change events delivered", fmt.Sprint(res.StateEvents))
+	row("reconciler invocations (failed), deferred", fmt.Sprintf("%d (%d), %d", res.Invocations, res.FailedInvocations, deferred))
+	row("dead-lettered", fmt.Sprint(res.DeadLettered))
+	row("Kubernetes / DynamoDB / SQS requests per exit (Reaper's)", fmt.Sprintf("%.2f / %.2f / %.2f", float64(sum(res.Kube))/n, float64(sum(res.Dynamo))/n, float64(sum(res.SQS))/n))
+	fmt.Fprintf(os.Stderr, "%s", t.String())
+	if len(res.WrongPods) > 0 {
+		fmt.Fprintf(os.Stderr, "wrong Pods: %s\n", strings.Join(res.WrongPods[:min(len(res.WrongPods), 50)], ", "))
+	}
+}
