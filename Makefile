@@ -46,7 +46,7 @@ invoke: setup
 	@$(SETUP) && go run ./cmd/reaper invoke -fn $(FN) -event $(EVENT) $(ARGS)
 
 bench: setup
-	@$(SETUP) && go test -run '^$$' -bench . -benchmem -benchtime 1x -timeout 75m ./bench/...
+	@$(SETUP) && go test -run '^$$' -bench . -benchmem -benchtime 1x -timeout 150m ./bench/...
 
 # cdk.out/<stack>.template.json and its assets; needs no AWS account or
 # credentials. `sam local invoke -t cdk.out/Reaper-<cluster>.template.json` runs on it.
