@@ -27,6 +27,28 @@ const (
 	hostsSeed  = 21
 )
 
+// refillScale is hostsScale, or REAPER_BENCH_SCALE: 1 runs at EC2's
+// published refill rates, uncompressed.
+func refillScale(b *testing.B) float64 {
+	v := os.Getenv("REAPER_BENCH_SCALE")
+	if v == "" {
+		return hostsScale
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 1 || f > hostsScale {
+		b.Fatalf("REAPER_BENCH_SCALE=%q: want a refill compression from 1 to %d", v, hostsScale)
+	}
+	return f
+}
+
+// scaleSuffix names the timelines of runs at another refill than hostsScale.
+func scaleSuffix(scale float64) string {
+	if scale == hostsScale {
+		return ""
+	}
+	return fmt.Sprintf("-x%g", scale)
+}
+
 var hostsGraces = []time.Duration{10 * time.Second, 30 * time.Second, 0}
 
 // BenchmarkBurstHosts lets hostsExits Pods end at once on hosts that power
@@ -36,7 +58,8 @@ var hostsGraces = []time.Duration{10 * time.Second, 30 * time.Second, 0}
 // and terminated events of every instance, whoever ended it. The
 // reconcilers run as deployed (batches of up to 10,000 gathered for 1 s,
 // two at once, the 5 min timeout, visibility 30 min) at EC2's published
-// buckets refilled × hostsScale. One run per REAPER_POWER_OFF_GRACE of
+// buckets refilled × hostsScale (REAPER_BENCH_SCALE sets another, 1 for
+// EC2's own rates). One run per REAPER_POWER_OFF_GRACE of
 // hostsGraces (0: Reaper terminates at once). Each prints the table of
 // REPORT.md's "Hosts that power themselves off" section and writes its
 // timeline (burst-hosts-grace-<grace>.csv) for bench/chart.
@@ -54,12 +77,13 @@ func BenchmarkBurstHosts(b *testing.B) {
 			b.StopTimer()
 			w := getWorld(b)
 			ctx := context.Background()
+			scale := refillScale(b)
 			var env []string
 			if grace > 0 {
 				env = append(env, "REAPER_POWER_OFF_GRACE="+grace.String())
 			}
 			burst, err := replay.NewBurst(ctx, w.stack, fmt.Sprintf("reaper-bench-hosts-%d", int(grace.Seconds())), buildBootstraps(b), replay.BurstOptions{
-				Exits: exits, Scale: hostsScale, StateChanges: true, Progress: os.Stderr,
+				Exits: exits, Scale: scale, StateChanges: true, Progress: os.Stderr,
 				Hosts: &replay.Hosts{
 					PowerOffMin: 3 * time.Second, PowerOffMax: 7 * time.Second, NeverPowerOff: 0.1,
 					LineAgeMin: 300 * time.Millisecond, LineAgeMax: 1500 * time.Millisecond, Seed: hostsSeed,
@@ -71,7 +95,7 @@ func BenchmarkBurstHosts(b *testing.B) {
 			}
 			b.Cleanup(burst.Stop)
 			for range b.N {
-				w.stack.EC2.EnableBuckets(ec2server.PublishedLimits(), hostsScale)
+				w.stack.EC2.EnableBuckets(ec2server.PublishedLimits(), scale)
 				b.StartTimer()
 				res, err := burst.Run(ctx)
 				b.StopTimer()
@@ -83,7 +107,7 @@ func BenchmarkBurstHosts(b *testing.B) {
 					b.Fatal(err)
 				}
 				checkHosts(b, res)
-				if err := writeTimeline(fmt.Sprintf("burst-hosts-grace-%s.csv", grace), res); err != nil {
+				if err := writeTimeline(fmt.Sprintf("burst-hosts-grace-%s%s.csv", grace, scaleSuffix(scale)), res); err != nil {
 					b.Fatal(err)
 				}
 				if err := w.cleanupBurst(ctx, res, &baselineResult{}); err != nil {

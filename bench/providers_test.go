@@ -44,7 +44,8 @@ var providerRuns = []struct {
 // 3 – 7 s after their trigger, 10% never (seed hostsSeed); lines delivered
 // 0.3 – 1.5 s after they were written; EventBridge's two events of every
 // instance; the reconcilers as deployed, at EC2's published buckets
-// refilled × hostsScale; REAPER_POWER_OFF_GRACE providersGrace.
+// refilled × hostsScale (REAPER_BENCH_SCALE sets another, 1 for EC2's own
+// rates); REAPER_POWER_OFF_GRACE providersGrace.
 //
 //   - ledger-first (vkprovider.Run), hosts powering off after their line's
 //     delivery, as the default user-data's do;
@@ -73,6 +74,7 @@ func BenchmarkBurstProviders(b *testing.B) {
 			b.StopTimer()
 			w := getWorld(b)
 			ctx := context.Background()
+			scale := refillScale(b)
 			hosts := &replay.Hosts{
 				PowerOffMin: 3 * time.Second, PowerOffMax: 7 * time.Second, NeverPowerOff: 0.1,
 				LineAgeMin: 300 * time.Millisecond, LineAgeMax: 1500 * time.Millisecond, Seed: hostsSeed,
@@ -81,7 +83,7 @@ func BenchmarkBurstProviders(b *testing.B) {
 				hosts.AfterPodWritten = providersTag
 			}
 			burst, err := replay.NewBurst(ctx, w.stack, "reaper-bench-provider-"+run.provider.String(), buildBootstraps(b), replay.BurstOptions{
-				Exits: exits, Scale: hostsScale, StateChanges: true, Progress: os.Stderr, Hosts: hosts, Provider: run.provider,
+				Exits: exits, Scale: scale, StateChanges: true, Progress: os.Stderr, Hosts: hosts, Provider: run.provider,
 				Lab: replay.LabOptions{Env: []string{"REAPER_POWER_OFF_GRACE=" + providersGrace.String()}},
 			})
 			if err != nil {
@@ -89,14 +91,14 @@ func BenchmarkBurstProviders(b *testing.B) {
 			}
 			b.Cleanup(burst.Stop)
 			for range b.N {
-				w.stack.EC2.EnableBuckets(ec2server.PublishedLimits(), hostsScale)
+				w.stack.EC2.EnableBuckets(ec2server.PublishedLimits(), scale)
 				b.StartTimer()
 				res, err := burst.Run(ctx)
 				b.StopTimer()
 				w.stack.EC2.DisableBuckets()
 				if res != nil {
 					reportProviders(b, res, run.waitForTag)
-					if err := writeTimeline(fmt.Sprintf("burst-providers-%s.csv", run.provider), res); err != nil {
+					if err := writeTimeline(fmt.Sprintf("burst-providers-%s%s.csv", run.provider, scaleSuffix(scale)), res); err != nil {
 						b.Fatal(err)
 					}
 				}
