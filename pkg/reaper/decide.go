@@ -21,12 +21,13 @@ type Policy struct {
 	TerminateStopped bool
 	// PowerOffGrace is how long an instance still running after its
 	// terminal exit is left to power itself off before Reaper terminates
-	// it (0: at once), counted from the later of the exit's finishedAt and
-	// Reaper's write of its Pod (graceEnd): the default user-data's hosts
-	// power off within seconds of their exit line shipping, those that
-	// wait for the Pod-written tag within seconds of the write. Reaper's
-	// terminate is then the safety net, and the account's terminate
-	// buckets are spent only on hosts that did not power off.
+	// it (0: at once), counted from the exit's finishedAt, or with
+	// PodWrittenTag from Reaper's write of its Pod if later (graceEnd):
+	// the default user-data's hosts power off within seconds of their exit
+	// line shipping, those that wait for the Pod-written tag within
+	// seconds of the write. Reaper's terminate is then the safety net, and
+	// the account's terminate buckets are spent only on hosts that did not
+	// power off.
 	PowerOffGrace time.Duration
 	// PodWrittenTag, when set, is the tag key Reaper puts on a running
 	// instance once its Pod carries its terminal exit
@@ -101,13 +102,19 @@ func poweringOff(rec ledger.Record, now time.Time, p Policy) bool {
 }
 
 // graceEnd is when the power-off grace of rec's instance ends: the grace
-// after the later of its exit's finishedAt and the last write of its Pod.
-// A host waiting for its Pod to be written (the Pod-written tag) is given
-// the whole grace after the write, however long the write took; a Pod
-// write that fails sets nothing, so an apiserver outage does not keep the
-// instance billing beyond the grace after its exit.
+// after its exit's finishedAt, as the default user-data's hosts power off
+// a few seconds after their exit whenever Reaper writes the Pod. With the
+// Pod-written tag the hosts wait for Reaper's write instead, so the grace
+// runs from the later of the exit and the last write of its Pod, however
+// long the write took; a Pod write that fails sets nothing, so an
+// apiserver outage does not keep the instance billing beyond the grace
+// after its exit.
 func graceEnd(rec ledger.Record, p Policy) time.Time {
-	return later(rec.Exit.FinishedAt, rec.PodSyncedAt).Add(p.PowerOffGrace)
+	from := rec.Exit.FinishedAt
+	if p.PodWrittenTag != "" {
+		from = later(from, rec.PodSyncedAt)
+	}
+	return from.Add(p.PowerOffGrace)
 }
 
 func later(a, b time.Time) time.Time {

@@ -264,39 +264,52 @@ func TestInstanceEC2Forgot(t *testing.T) {
 }
 
 // With a power-off grace, a terminal exit's Pod is written at once and its
-// instance is left to power itself off, for the grace after the later of
-// the exit and the Pod write; a wake-up on the queue has the record looked
+// instance is left to power itself off, for the grace after the exit (the
+// default hosts power off seconds after their exit) or, with the
+// Pod-written tag, after the later of the exit and the Pod write (those
+// hosts wait for the write); a wake-up on the queue has the record looked
 // at again when the grace ends, and an instance still running then is
 // terminated.
 func TestPowerOffGrace(t *testing.T) {
-	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
-	w.Pods[podOf(1)] = true
-	core, l, q := newBatchCore(w)
-	core.Policy.PowerOffGrace = 30 * time.Second
-	msg := exitMsg(1, 0)
-	msg.Exit.FinishedAt = testNow().Add(-10 * time.Second)
-	if _, err := core.HandleQueueEvent(t.Context(), batch(t, msg)); err != nil {
-		t.Fatal(err)
-	}
-	if want := []string{"pod jobs/job-1 exit/0"}; !slices.Equal(w.Log, want) {
-		t.Fatalf("steps %q, want %q", w.Log, want)
-	}
-	if rec := l.Recs[instanceOf(1)]; rec.Pending == "" || !rec.Terminated.IsZero() || !rec.PodSyncedAt.Equal(testNow()) {
-		t.Fatalf("record %+v, want it pending, not terminated, its Pod written at %s", rec, testNow())
-	}
-	// The grace runs from the write (testNow), not from the exit.
-	if len(q.Sent) != 1 || q.Sent[0].Delay != 31*time.Second || q.Sent[0].Msgs[0].Kind != workqueue.KindSweep {
-		t.Fatalf("sent %+v, want a wake-up when the grace ends", q.Sent)
-	}
-	core.Now = func() time.Time { return testNow().Add(31 * time.Second) }
-	if _, err := core.HandleQueueEvent(t.Context(), redeliver(t, q)); err != nil {
-		t.Fatal(err)
-	}
-	if want := []string{"pod jobs/job-1 exit/0", "terminate [" + instanceOf(1) + "]"}; !slices.Equal(w.Log, want) {
-		t.Fatalf("steps %q, want %q", w.Log, want)
-	}
-	if rec := l.Recs[instanceOf(1)]; rec.Pending != "" || rec.Terminated.IsZero() {
-		t.Fatalf("record %+v, want it settled", rec)
+	for _, tc := range []struct {
+		name string
+		tag  string
+		wake time.Duration
+	}{
+		{"from the exit", "", 21 * time.Second},
+		{"from the Pod write", "reaper.io:pod-written", 31 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
+			w.Pods[podOf(1)] = true
+			core, l, q := newBatchCore(w)
+			core.Policy.PowerOffGrace = 30 * time.Second
+			core.Policy.PodWrittenTag = tc.tag
+			msg := exitMsg(1, 0)
+			msg.Exit.FinishedAt = testNow().Add(-10 * time.Second)
+			if _, err := core.HandleQueueEvent(t.Context(), batch(t, msg)); err != nil {
+				t.Fatal(err)
+			}
+			if got := slices.DeleteFunc(slices.Clone(w.Log), func(s string) bool { return strings.HasPrefix(s, "tag ") }); !slices.Equal(got, []string{"pod jobs/job-1 exit/0"}) {
+				t.Fatalf("steps %q, want the Pod written and no terminate", w.Log)
+			}
+			if rec := l.Recs[instanceOf(1)]; rec.Pending == "" || !rec.Terminated.IsZero() || !rec.PodSyncedAt.Equal(testNow()) {
+				t.Fatalf("record %+v, want it pending, not terminated, its Pod written at %s", rec, testNow())
+			}
+			if len(q.Sent) != 1 || q.Sent[0].Delay != tc.wake || q.Sent[0].Msgs[0].Kind != workqueue.KindSweep {
+				t.Fatalf("sent %+v, want a wake-up in %v, when the grace ends", q.Sent, tc.wake)
+			}
+			core.Now = func() time.Time { return testNow().Add(tc.wake) }
+			if _, err := core.HandleQueueEvent(t.Context(), redeliver(t, q)); err != nil {
+				t.Fatal(err)
+			}
+			if got := w.Log[len(w.Log)-1]; got != "terminate ["+instanceOf(1)+"]" {
+				t.Fatalf("steps %q, want the instance terminated", w.Log)
+			}
+			if rec := l.Recs[instanceOf(1)]; rec.Pending != "" || rec.Terminated.IsZero() {
+				t.Fatalf("record %+v, want it settled", rec)
+			}
+		})
 	}
 }
 
@@ -314,9 +327,9 @@ func TestGraceJudgedFromTheLookup(t *testing.T) {
 	core.Policy.PowerOffGrace = 30 * time.Second
 	for n := 1; n <= 2; n++ {
 		l.Recs[instanceOf(n)] = ledger.Record{InstanceID: instanceOf(n), Pod: podOf(n), Pending: "p", Version: 1,
-			Exit:        &model.Exit{Container: "main", FinishedAt: testNow().Add(-40 * time.Second)},
-			PodSynced:   model.Outcome{InstanceID: instanceOf(n), Exit: &model.Exit{Container: "main", FinishedAt: testNow().Add(-40 * time.Second)}}.Key(),
-			PodSyncedAt: testNow().Add(-34 * time.Second)} // the grace ended 4 s ago
+			Exit:        &model.Exit{Container: "main", FinishedAt: testNow().Add(-34 * time.Second)}, // the grace ended 4 s ago
+			PodSynced:   model.Outcome{InstanceID: instanceOf(n), Exit: &model.Exit{Container: "main", FinishedAt: testNow().Add(-34 * time.Second)}}.Key(),
+			PodSyncedAt: testNow().Add(-34 * time.Second)}
 	}
 	// EC2 answered 5 s ago: a long batch, or a slow call.
 	w.Now = func() time.Time { return testNow().Add(-5 * time.Second) }
