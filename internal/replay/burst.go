@@ -37,6 +37,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/userdata"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
@@ -167,7 +168,9 @@ type Hosts struct {
 	AfterPodWritten string
 	// TagWaitMax is how long a host waits for the tag before it powers off
 	// anyway, as a real host gives up waiting after its shutdown delay
-	// (default 2 min: the lab's bursts tag within seconds).
+	// (default userdata.DefaultShutdownDelay, 10 min, as deployed hosts
+	// wait: a host that gives up before Reaper has written its Pod hands
+	// the Pod to a provider that reads the instance's state).
 	TagWaitMax time.Duration
 }
 
@@ -183,7 +186,7 @@ func (h Hosts) withDefaults() Hosts {
 		h.ShutdownTime = time.Second
 	}
 	if h.TagWaitMax == 0 {
-		h.TagWaitMax = 2 * time.Minute
+		h.TagWaitMax = userdata.DefaultShutdownDelay
 	}
 	return h
 }
