@@ -37,9 +37,9 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
-	"github.com/reaper-k8s/reaper/pkg/userdata"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
+	"github.com/reaper-k8s/reaper/pkg/userdata"
 )
 
 // BurstOptions shape a burst: Exits Pods that end at once, each on an
