@@ -276,8 +276,10 @@ func TestPowerOffGrace(t *testing.T) {
 		tag  string
 		wake time.Duration
 	}{
-		{"from the exit", "", 21 * time.Second},
-		{"from the Pod write", "reaper.io:pod-written", 31 * time.Second},
+		// The grace ends 20 s and 30 s from now: the wake-up comes on
+		// the next step of WakeGrid after a second more.
+		{"from the exit", "", 25 * time.Second},
+		{"from the Pod write", "reaper.io:pod-written", 35 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
@@ -310,6 +312,32 @@ func TestPowerOffGrace(t *testing.T) {
 				t.Fatalf("record %+v, want it settled", rec)
 			}
 		})
+	}
+}
+
+// Wake-ups come back on the WakeGrid's steps of the wall clock, never
+// before their time: those of batches that end at different times share a
+// step, and with it the lookup and terminate of the batch they come in.
+func TestWakeUpsOnTheGrid(t *testing.T) {
+	for _, tc := range []struct {
+		now, due time.Duration // from testNow (on a step)
+		wake     time.Duration // when the wake-up comes back, from testNow
+	}{
+		{0, 20 * time.Second, 25 * time.Second},
+		{1300 * time.Millisecond, 21500 * time.Millisecond, 25 * time.Second},
+		{3700 * time.Millisecond, 23 * time.Second, 25 * time.Second},
+		{0, 24 * time.Second, 25 * time.Second},
+		{0, 24500 * time.Millisecond, 30 * time.Second},
+		{10 * time.Second, 0, 10 * time.Second}, // overdue: at once
+	} {
+		b := &batchRun{Reaper: &Reaper{Now: func() time.Time { return testNow().Add(tc.now) }}}
+		b.wakeAt(instanceOf(1), testNow().Add(tc.due))
+		for delay := range b.wake {
+			back := tc.now + delay
+			if delay%time.Second != 0 || back < tc.wake || back >= tc.wake+time.Second {
+				t.Errorf("now +%v, grace ends +%v: delay %v comes back at +%v, want within a second of +%v", tc.now, tc.due, delay, back, tc.wake)
+			}
+		}
 	}
 }
 

@@ -206,11 +206,24 @@ type batchRun struct {
 	wake map[time.Duration][]workqueue.Message
 }
 
-// wakeAt has the instance's record looked at again just after at: its
-// instance is then terminated unless EC2 reported it gone by then. The
-// sweep would find it too, up to a sweep later.
+// WakeGrid is the wall-clock step on which wake-ups come back: those of
+// all batches due within one step arrive together, so that in a burst
+// they share a few lookups and terminates instead of costing some each
+// batch. A host that never powers off is terminated at most this much
+// after its grace.
+const WakeGrid = 5 * time.Second
+
+// wakeAt has the instance's record looked at again just after at, on the
+// next step of WakeGrid: its instance is then terminated unless EC2
+// reported it gone by then. The sweep would find it too, up to a sweep
+// later.
 func (b *batchRun) wakeAt(id string, at time.Time) {
-	delay := min(max(at.Sub(b.Now()).Truncate(time.Second)+time.Second, 0), workqueue.MaxDelay)
+	due := at.Add(time.Second)
+	if step := due.Truncate(WakeGrid); step.Before(due) {
+		due = step.Add(WakeGrid)
+	}
+	// SQS delays are whole seconds: round up, never wake early.
+	delay := min(max((due.Sub(b.Now())+time.Second-1).Truncate(time.Second), 0), workqueue.MaxDelay)
 	if b.wake == nil {
 		b.wake = map[time.Duration][]workqueue.Message{}
 	}
@@ -256,9 +269,10 @@ func forLater(err error) bool {
 
 // lookup describes the instances whose tags are still to be checked and
 // returns what EC2 knows of them. An instance needs its tags checked unless
-// all its messages report state changes of an instance Reaper already
-// checked and terminated: in a burst those are most messages, and they
-// need no EC2 call. The instances EC2 could not be asked about for want of
+// Reaper already checked and terminated it and its messages are state
+// changes or wake-ups (sweeps), which only have the record's own verdict
+// carried out: in a burst those are most messages, and they need no EC2
+// call. The instances EC2 could not be asked about for want of
 // tokens are deferred; if it could not be asked at all, their work fails:
 // nothing acts on what EC2 has not confirmed.
 func (b *batchRun) lookup(ctx context.Context, ids []string, records map[string]ledger.Record) map[string]instances.Instance {
@@ -266,7 +280,9 @@ func (b *batchRun) lookup(ctx context.Context, ids []string, records map[string]
 	for _, id := range ids {
 		rec, ok := records[id]
 		settled := ok && !rec.Unverified && !rec.Terminated.IsZero()
-		if !settled || slices.ContainsFunc(b.byInstance[id], func(it workqueue.Item) bool { return it.Kind != workqueue.KindState }) {
+		if !settled || slices.ContainsFunc(b.byInstance[id], func(it workqueue.Item) bool {
+			return it.Kind != workqueue.KindState && it.Kind != workqueue.KindSweep
+		}) {
 			lookup = append(lookup, id)
 		}
 	}
