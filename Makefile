@@ -35,7 +35,7 @@ test: setup build lint
 # The demo: 30 Pods whose containers exit, replayed through the exitrecorder
 # under the Lambda runtime interface emulator against a local stack.
 replay: setup
-	@$(SETUP) && go run ./cmd/reaper replay
+	@$(SETUP) && go run ./cmd/reaper-lab replay
 
 # One function on one sample event, under the Lambda runtime interface
 # emulator against a local stack: the docker-free twin of `sam local invoke`.
@@ -43,7 +43,7 @@ replay: setup
 # make invoke FN=exitrecorder EVENT=events/exitrecorder/oom.json [ARGS="-v -env K=V"]
 invoke: setup
 	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=<exitrecorder|statechange|sweeper|reconciler> EVENT=events/<function>/<file>.json [ARGS=\"-v -keep-stack -env K=V\"]" >&2; exit 2; }
-	@$(SETUP) && go run ./cmd/reaper invoke -fn $(FN) -event $(EVENT) $(ARGS)
+	@$(SETUP) && go run ./cmd/reaper-lab invoke -fn $(FN) -event $(EVENT) $(ARGS)
 
 bench: setup
 	@$(SETUP) && go test -run '^$$' -bench . -benchmem -benchtime 1x -timeout 150m ./bench/...

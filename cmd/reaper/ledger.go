@@ -10,14 +10,15 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"github.com/reaper-k8s/reaper/internal/cli"
 	"github.com/reaper-k8s/reaper/pkg/app"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 )
 
 func init() {
-	register("ledger", subcommand{
-		summary: "init: create the ledger table named by REAPER_TABLE; get <instance-id>: print an instance's record",
-		run:     runLedger,
+	cli.Register("ledger", cli.Command{
+		Summary: "init: create the ledger table named by REAPER_TABLE; get <instance-id>: print an instance's record",
+		Run:     runLedger,
 	})
 }
 

@@ -11,14 +11,15 @@ import (
 	"os"
 	"strings"
 
+	"github.com/reaper-k8s/reaper/internal/cli"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/userdata"
 )
 
 func init() {
-	register("userdata", subcommand{
-		summary: "render a Pod's user-data, wrapper, agent configuration, tags or launch settings",
-		run:     runUserdata,
+	cli.Register("userdata", cli.Command{
+		Summary: "render a Pod's user-data, wrapper, agent configuration, tags or launch settings",
+		Run:     runUserdata,
 	})
 }
 

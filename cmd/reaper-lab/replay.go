@@ -9,14 +9,15 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/reaper-k8s/reaper/internal/cli"
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 )
 
 func init() {
-	register("replay", subcommand{
-		summary: "run the recorded demo scenarios on a local stack and print what became of each Pod",
-		run:     runReplay,
+	cli.Register("replay", cli.Command{
+		Summary: "run the recorded demo scenarios on a local stack and print what became of each Pod",
+		Run:     runReplay,
 	})
 }
 

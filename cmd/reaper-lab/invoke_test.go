@@ -88,7 +88,7 @@ func testEvents(ctx context.Context, t *testing.T, lab *replay.Lab, root string)
 			if t.Failed() {
 				var out bytes.Buffer
 				printInvocation(&out, inv, true)
-				t.Logf("reaper invoke would print:\n%s", out.String())
+				t.Logf("reaper-lab invoke would print:\n%s", out.String())
 			}
 		})
 	}

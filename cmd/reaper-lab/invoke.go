@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/reaper-k8s/reaper/internal/cli"
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
@@ -26,9 +27,9 @@ import (
 )
 
 func init() {
-	register("invoke", subcommand{
-		summary: "run one function on one event against a local stack, print its response and what it and the reconciler did",
-		run:     runInvoke,
+	cli.Register("invoke", cli.Command{
+		Summary: "run one function on one event against a local stack, print its response and what it and the reconciler did",
+		Run:     runInvoke,
 	})
 }
 
@@ -58,7 +59,7 @@ func runInvoke(ctx context.Context, args []string) error {
 	var env envFlag
 	fs.Var(&env, "env", "`K=V` added to the function's environment, e.g. REAPER_DRY_RUN=true (repeatable)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: reaper invoke [-fn <function>] -event <file> [-keep-stack] [-keep-time] [-v] [-env K=V ...]\n\n"+
+		fmt.Fprintln(fs.Output(), "usage: reaper-lab invoke [-fn <function>] -event <file> [-keep-stack] [-keep-time] [-v] [-env K=V ...]\n\n"+
 			"Builds the function and the reconciler for this machine, starts a local stack (etcd,\n"+
 			"kube-apiserver, dynalite, EC2 and SQS test servers) with the reconciler behind the work\n"+
 			"queue, seeds the Pods and instances the event talks about, invokes the function once under\n"+
