@@ -667,7 +667,7 @@ func TestDashboard(t *testing.T) {
 	// A few the contract must hold, whatever else it holds.
 	for title, e := range map[string]string{
 		"LinesRejected: Exit lines rejected, by reason":               search("Function,Reason", "LinesRejected", "Sum"),
-		"PodsFinalized: Pods finalized, by outcome":                   search("Function,Outcome", "PodsFinalized", "Sum"),
+		"PodStatusesWritten: Pod statuses written, by outcome":        search("Function,Outcome", "PodStatusesWritten", "Sum"),
 		"OrphansHeldBack: Orphans held back by the cap":               search("Function", "OrphansHeldBack", "Sum"),
 		"TerminationsRefused: Terminations refused by EC2, by reason": search("Function,Reason", "TerminationsRefused", "Sum"),
 		latencyGraph: search("Function", "FinishToTerminated", "p99"),

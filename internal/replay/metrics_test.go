@@ -114,7 +114,7 @@ func TestExitMetrics(t *testing.T) {
 		{metrics.FunctionExitRecorder, metrics.ExitsRecorded, nil, 1},
 		{metrics.FunctionExitRecorder, metrics.LinesRejected, map[string]string{metrics.ReasonDim: metrics.ReasonInvalid}, 1},
 		{metrics.FunctionExitRecorder, metrics.WorkItemsQueued, nil, 1},
-		{metrics.FunctionReconciler, metrics.PodsFinalized, map[string]string{metrics.OutcomeDim: metrics.OutcomeSucceeded}, 1},
+		{metrics.FunctionReconciler, metrics.PodStatusesWritten, map[string]string{metrics.OutcomeDim: metrics.OutcomeSucceeded}, 1},
 		{metrics.FunctionReconciler, metrics.InstancesTerminated, nil, 1},
 	} {
 		lines := recorder

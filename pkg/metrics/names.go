@@ -36,8 +36,9 @@ const (
 	ExitsRecorded = "ExitsRecorded"
 	// LinesRejected: exit lines not acted on, by ReasonDim.
 	LinesRejected = "LinesRejected"
-	// PodsFinalized: terminal Pod statuses written, by OutcomeDim.
-	PodsFinalized = "PodsFinalized"
+	// PodStatusesWritten: Pod statuses written, by OutcomeDim: the
+	// terminal ones and the restarts counted on a Running Pod.
+	PodStatusesWritten = "PodStatusesWritten"
 	// InstancesTerminated: TerminateInstances accepted for an instance
 	// whose Pod ended.
 	InstancesTerminated = "InstancesTerminated"
@@ -119,7 +120,7 @@ const (
 	ReasonInFuture     = "in-future"
 )
 
-// Values of OutcomeDim on PodsFinalized.
+// Values of OutcomeDim on PodStatusesWritten.
 const (
 	OutcomeSucceeded = "Succeeded"
 	OutcomeFailed    = "Failed"
@@ -142,7 +143,7 @@ type Definition struct {
 var Definitions = []Definition{
 	{ExitsRecorded, Count, "", "Exit lines recorded"},
 	{LinesRejected, Count, ReasonDim, "Exit lines rejected, by reason"},
-	{PodsFinalized, Count, OutcomeDim, "Pods finalized, by outcome"},
+	{PodStatusesWritten, Count, OutcomeDim, "Pod statuses written, by outcome"},
 	{InstancesTerminated, Count, "", "Instances terminated after their Pod"},
 	{OrphansTerminated, Count, "", "Orphan instances terminated"},
 	{OrphansFound, Count, "", "Orphan instances found (missed by events)"},

@@ -306,7 +306,7 @@ func (r *Reaper) recordSteps(rec ledger.Record, rep Report) {
 		return r.Now().Sub(rec.Exit.FinishedAt), true
 	}
 	if o != nil && rep.PodResult == kube.Patched {
-		r.Metrics.By(metrics.Outcome(outcomeName(*o))).Count(metrics.PodsFinalized, 1)
+		r.Metrics.By(metrics.Outcome(outcomeName(*o))).Count(metrics.PodStatusesWritten, 1)
 		if d, ok := sinceFinish(); ok && o.Terminal() {
 			r.Metrics.Observe(metrics.FinishToPodTerminal, d)
 		}
