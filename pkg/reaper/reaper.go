@@ -401,8 +401,9 @@ func outcomeKey(o *model.Outcome) string {
 	return o.Key()
 }
 
-func logLevel(errs ...error) slog.Level {
-	if errors.Join(errs...) != nil {
+// errorLevel is the level of a summary line whose work ended with err.
+func errorLevel(err error) slog.Level {
+	if err != nil {
 		return slog.LevelError
 	}
 	return slog.LevelInfo

@@ -54,6 +54,19 @@ type BatchSummary struct {
 	Failed int `json:"failed"`
 }
 
+// level is the level of the batch's line: ERROR when work failed (it
+// comes back), WARN when messages were dropped as invalid or claims
+// rejected, INFO otherwise.
+func (s BatchSummary) level() slog.Level {
+	switch {
+	case s.Failed > 0:
+		return slog.LevelError
+	case s.Invalid > 0 || s.Rejected > 0:
+		return slog.LevelWarn
+	}
+	return slog.LevelInfo
+}
+
 // HandleQueueEvent is the reconciler's handler: one batch of the work
 // queue, from the event source mapping. The messages of the instances whose
 // work failed are returned as batch item failures and come back after the
@@ -85,7 +98,7 @@ func (r *Reaper) HandleQueueEvent(ctx context.Context, ev events.SQSEvent) (even
 	}
 	sum.Failed = len(failed)
 	r.Metrics.Count(metrics.WorkItemsFailed, sum.Failed)
-	r.Log.LogAttrs(ctx, logLevel(), "batch",
+	r.Log.LogAttrs(ctx, sum.level(), "batch",
 		slog.Int("messages", sum.Messages), slog.Int("instances", sum.Instances), slog.Int("invalid", sum.Invalid),
 		slog.Int("lookups", sum.Lookups), slog.Int("skipped", sum.Skipped), slog.Int("rejected", sum.Rejected),
 		slog.Int("reconciled", sum.Reconciled), slog.Int("patched", sum.Patched), slog.Int("terminated", sum.Terminated),

@@ -411,3 +411,21 @@ func TestBatchStateChangeWrites(t *testing.T) {
 		t.Fatalf("record %+v after a stale state change: want it unwritten", r)
 	}
 }
+
+// The batch line's level says whether the batch needs a look.
+func TestBatchLogLevel(t *testing.T) {
+	for _, tc := range []struct {
+		sum  BatchSummary
+		want slog.Level
+	}{
+		{BatchSummary{Messages: 3, Reconciled: 3}, slog.LevelInfo},
+		{BatchSummary{Messages: 3, Deferred: 3}, slog.LevelInfo},
+		{BatchSummary{Messages: 3, Invalid: 1}, slog.LevelWarn},
+		{BatchSummary{Messages: 3, Rejected: 1}, slog.LevelWarn},
+		{BatchSummary{Messages: 3, Rejected: 1, Failed: 1}, slog.LevelError},
+	} {
+		if got := tc.sum.level(); got != tc.want {
+			t.Errorf("%+v: level %v, want %v", tc.sum, got, tc.want)
+		}
+	}
+}

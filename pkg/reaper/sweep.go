@@ -103,7 +103,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		sum.Errors = len(flatten(err))
 	}
 	sum.DurationMsec = int(r.Now().Sub(start).Milliseconds())
-	r.Log.LogAttrs(ctx, logLevel(err), "sweep",
+	r.Log.LogAttrs(ctx, errorLevel(err), "sweep",
 		slog.Int("records", sum.Records), slog.Int("managedInstances", sum.ManagedInstances),
 		slog.Int("missedGone", sum.MissedGone), slog.Int("queued", sum.Queued), slog.Int("inFlight", sum.InFlight), slog.Int("orphans", sum.Orphans),
 		slog.Int("heldBack", sum.HeldBack), slog.Int("identityMismatch", sum.IdentityMismatch), slog.Int("adopted", sum.Adopted),
