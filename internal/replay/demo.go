@@ -76,30 +76,6 @@ func count(rows []Row, f func(Row) bool) int {
 	return n
 }
 
-// Progress writes a one-line progress indicator of a demo to w (nil: none):
-// each call rewrites the line, and the last one, at done == total, ends it.
-type Progress struct {
-	w     io.Writer
-	name  string
-	total int
-}
-
-// NewProgress returns the indicator of a demo name of total steps.
-func NewProgress(w io.Writer, name string, total int) *Progress {
-	return &Progress{w: w, name: name, total: total}
-}
-
-// Step shows done steps of the total, and what is happening now.
-func (p *Progress) Step(done int, what string) {
-	if p == nil || p.w == nil {
-		return
-	}
-	fmt.Fprintf(p.w, "\r\033[K%s: %d/%d %s", p.name, done, p.total, what)
-	if done == p.total {
-		fmt.Fprintln(p.w)
-	}
-}
-
 // Replicas30 is the observed case: 30 replicas of a GPU sample whose
 // command ends together. Each exit line is replayed through exitrecorder,
 // one after the other without waiting for the reconciler, as CloudWatch
