@@ -205,10 +205,6 @@ func (t *Table) Adopt(ctx context.Context, instanceID string, pod model.PodRef) 
 type StateChange struct {
 	State string
 	At    time.Time
-	// Rank orders states of one lifecycle, for events with equal times.
-	Rank int
-	// Gone marks states in which the instance no longer runs its Pod.
-	Gone bool
 	// AddsNoWork says the writer read the record off the pending index and
 	// found that this state leaves nothing to do (the exit terminal, its
 	// Pod written, the instance terminated): a gone state then keeps the
@@ -217,12 +213,18 @@ type StateChange struct {
 	AddsNoWork bool
 }
 
+// Rank orders states of one lifecycle, for events with equal times.
+func (sc StateChange) Rank() int { return model.StateRank(sc.State) }
+
+// Gone says whether the instance no longer runs its Pod in this state.
+func (sc StateChange) Gone() bool { return model.IsGone(sc.State) }
+
 // RecordState notes the state an instance reached. A gone state also sets
 // Gone. An event older than the newest one recorded changes nothing and the
 // record is returned as it is, so events applied in any order end the same.
 func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.PodRef, sc StateChange) (Record, error) {
 	now := t.now().UTC()
-	at, rank := expression.Value(timeAV(sc.At)), expression.Value(sc.Rank)
+	at, rank := expression.Value(timeAV(sc.At)), expression.Value(sc.Rank())
 	lastStateAt := expression.Name("lastStateAt")
 	condition := expression.Or(
 		lastStateAt.AttributeNotExists(),
@@ -236,7 +238,7 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.Po
 	if pod != (model.PodRef{}) {
 		update = update.Set(expression.Name("pod"), expression.Name("pod").IfNotExists(expression.Value(pod)))
 	}
-	if sc.Gone {
+	if sc.Gone() {
 		update = update.Set(expression.Name("gone"), expression.Value(model.Gone{State: sc.State, At: sc.At.UTC()}))
 		if !sc.AddsNoWork {
 			update = update.Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID)))

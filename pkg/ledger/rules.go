@@ -35,14 +35,14 @@ func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time
 // write applies: only a state at least as new as the newest one recorded
 // does.
 func WithState(rec Record, id string, pod model.PodRef, sc StateChange, now time.Time) (Record, bool) {
-	if !rec.LastStateAt.IsZero() && (rec.LastStateAt.After(sc.At) || (rec.LastStateAt.Equal(sc.At) && rec.LastStateRank > sc.Rank)) {
+	if !rec.LastStateAt.IsZero() && (rec.LastStateAt.After(sc.At) || (rec.LastStateAt.Equal(sc.At) && rec.LastStateRank > sc.Rank())) {
 		return rec, false
 	}
-	rec.InstanceID, rec.LastState, rec.LastStateAt, rec.LastStateRank = id, sc.State, sc.At.UTC(), sc.Rank
+	rec.InstanceID, rec.LastState, rec.LastStateAt, rec.LastStateRank = id, sc.State, sc.At.UTC(), sc.Rank()
 	if rec.Pod == (model.PodRef{}) {
 		rec.Pod = pod
 	}
-	if sc.Gone {
+	if sc.Gone() {
 		rec.Gone = &model.Gone{State: sc.State, At: sc.At.UTC()}
 		if !sc.AddsNoWork {
 			rec.Pending = pendingValue(id)

@@ -66,7 +66,7 @@ func TestRulesMatchTable(t *testing.T) {
 				// Few distinct times, so that equal times (ordered by
 				// rank) come up.
 				at := time.Date(2026, 12, 1, 11, 0, rng.IntN(3), 0, time.UTC)
-				sc := StateChange{State: state, At: at, Rank: model.StateRank(state), Gone: model.IsGone(state), AddsNoWork: rng.IntN(4) == 0}
+				sc := StateChange{State: state, At: at, AddsNoWork: rng.IntN(4) == 0}
 				var pod model.PodRef
 				if rng.IntN(2) == 0 {
 					pod = pods[rng.IntN(len(pods))]

@@ -421,7 +421,7 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 			}
 		}
 		rec, haveRecord = next, true
-		reconcile = sc.Gone
+		reconcile = sc.Gone()
 	}
 	for _, it := range items {
 		switch it.Kind {
@@ -505,22 +505,22 @@ func (r *Reaper) confirmedState(ctx context.Context, id string, items []workqueu
 		if !claims {
 			return ledger.StateChange{}, false, false
 		}
-		if claimed.Gone && !model.IsGone(inst.State) {
+		if claimed.Gone() && !model.IsGone(inst.State) {
 			return ledger.StateChange{}, false, true
 		}
 		sc = claimed
-		if rank := model.StateRank(inst.State); claimed.Rank > rank {
-			sc.State, sc.Rank, sc.Gone = inst.State, rank, model.IsGone(inst.State)
+		if claimed.Rank() > model.StateRank(inst.State) {
+			sc.State = inst.State
 		}
 		return sc, true, false
 	case asked && haveRecord && !rec.Unverified && rec.Gone == nil:
-		sc = ledger.StateChange{State: model.StateTerminated, At: r.Now(), Rank: model.StateRank(model.StateTerminated), Gone: true}
-		if claims && claimed.Gone && !claimed.At.After(sc.At) {
+		sc = ledger.StateChange{State: model.StateTerminated, At: r.Now()}
+		if claims && claimed.Gone() && !claimed.At.After(sc.At) {
 			sc.At = claimed.At
 		}
 		r.Log.LogAttrs(ctx, slog.LevelWarn, "instance no longer known to EC2", slog.String("instance", id), slog.String("pod", rec.Pod.String()))
 		return sc, true, false
-	case claims && haveRecord && claimed.Gone:
+	case claims && haveRecord && claimed.Gone():
 		return claimed, true, false
 	}
 	return ledger.StateChange{}, false, false
@@ -583,8 +583,8 @@ func newestState(items []workqueue.Item) (ledger.StateChange, bool) {
 		if it.Kind != workqueue.KindState {
 			continue
 		}
-		sc := ledger.StateChange{State: it.State, At: it.At, Rank: model.StateRank(it.State), Gone: model.IsGone(it.State)}
-		if !found || sc.At.After(newest.At) || (sc.At.Equal(newest.At) && sc.Rank >= newest.Rank) {
+		sc := ledger.StateChange{State: it.State, At: it.At}
+		if !found || sc.At.After(newest.At) || (sc.At.Equal(newest.At) && sc.Rank() >= newest.Rank()) {
 			newest, found = sc, true
 		}
 	}

@@ -160,9 +160,7 @@ func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.In
 			continue
 		}
 		sum.MissedGone++
-		rec, err := r.Ledger.RecordState(ctx, id, inst.Pod, ledger.StateChange{
-			State: inst.State, At: now, Rank: model.StateRank(inst.State), Gone: true,
-		})
+		rec, err := r.Ledger.RecordState(ctx, id, inst.Pod, ledger.StateChange{State: inst.State, At: now})
 		if err != nil {
 			errs = append(errs, err)
 			continue
