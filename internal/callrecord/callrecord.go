@@ -1,7 +1,8 @@
 // Package callrecord is the record of the requests an in-process AWS test
-// server (ec2server, sqsserver) answered: what every server notes of a
-// request, and one way to keep and count them, so that a count of calls
-// means the same on each.
+// server (ec2server, sqsserver) or a test proxy (kubeproxy, the replay
+// lab's counters) answered: what every server notes of a request, and one
+// way to keep and count them, so that a count of calls means the same on
+// each.
 package callrecord
 
 import (
@@ -65,6 +66,25 @@ func (r *Record[C]) CountFunc(match func(C) bool) int {
 		}
 	}
 	return n
+}
+
+// Counts is how many requests were answered by action, every one counting
+// as in Count.
+func (r *Record[C]) Counts() map[string]int {
+	return r.CountsFunc(func(C) bool { return true })
+}
+
+// CountsFunc is how many of the calls that match were answered, by action.
+func (r *Record[C]) CountsFunc(match func(C) bool) map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]int{}
+	for _, c := range r.calls {
+		if match(c) {
+			out[c.call().Action]++
+		}
+	}
+	return out
 }
 
 // Reset forgets the calls.

@@ -1,14 +1,9 @@
 package replay
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"maps"
 	"net/http"
-	"net/url"
-	"regexp"
 	"sync"
 	"time"
 
@@ -206,77 +201,4 @@ func (p *providerRun) waitAdopted(ctx context.Context, stack *localstack.Stack, 
 			return fmt.Errorf("provider %s: %d of %d Pods Running, %d created Events, no change for %v", p.style, running, n, len(evs.Items), adoptPatience)
 		}
 	}
-}
-
-// requestCounter is an http.RoundTripper that counts AWS query-protocol
-// requests (EC2's) by action, and those answered RequestLimitExceeded, on
-// the client's side: only the requests that got an answer count.
-type requestCounter struct {
-	next http.RoundTripper
-
-	mu                sync.Mutex
-	requests, refused map[string]int
-}
-
-func (c *requestCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	action := ""
-	if r.Body != nil {
-		body, err := io.ReadAll(r.Body)
-		r.Body.Close()
-		if err != nil {
-			return nil, err
-		}
-		form, _ := url.ParseQuery(string(body))
-		action = form.Get("Action")
-		r = r.Clone(r.Context())
-		r.Body = io.NopCloser(bytes.NewReader(body))
-	}
-	resp, err := c.next.RoundTrip(r)
-	if err != nil {
-		return resp, err
-	}
-	code := ""
-	if resp.StatusCode >= 400 {
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		resp.Body = io.NopCloser(bytes.NewReader(body))
-		if err != nil {
-			return resp, err
-		}
-		code = errorCode(body)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.requests == nil {
-		c.requests, c.refused = map[string]int{}, map[string]int{}
-	}
-	c.requests[action]++
-	if code == "RequestLimitExceeded" {
-		c.refused[action]++
-	}
-	return resp, nil
-}
-
-func (c *requestCounter) reset() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.requests, c.refused = nil, nil
-}
-
-// counts returns the requests and the refused ones by action since the
-// last reset.
-func (c *requestCounter) counts() (requests, refused map[string]int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return maps.Clone(c.requests), maps.Clone(c.refused)
-}
-
-var errorCodeRE = regexp.MustCompile(`<Code>([^<]*)</Code>`)
-
-// errorCode is the first error code of an EC2 error response.
-func errorCode(body []byte) string {
-	if m := errorCodeRE.FindSubmatch(body); m != nil {
-		return string(m[1])
-	}
-	return ""
 }

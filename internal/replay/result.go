@@ -13,6 +13,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/esm"
+	"github.com/reaper-k8s/reaper/internal/kubeproxy"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
@@ -275,13 +276,8 @@ func (b *Burst) collect(ctx context.Context, res *BurstResult, byInstance map[st
 		res.DeadLettered = d.Visible + d.InFlight
 	}
 
-	res.Kube, res.KubeErrors = map[string]int{}, map[string]int{}
-	for _, c := range b.Kube.Calls.Calls() {
-		res.Kube[c.Action]++
-		if c.ErrorCode != "" {
-			res.KubeErrors[c.Action]++
-		}
-	}
+	res.Kube = b.Kube.Calls.Counts()
+	res.KubeErrors = b.Kube.Calls.CountsFunc(func(c kubeproxy.Call) bool { return c.ErrorCode != "" })
 	res.Dynamo = b.dynamo.Counts()
 
 	stats := b.Lab.Mapping.Stats()
