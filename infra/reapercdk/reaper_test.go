@@ -214,7 +214,7 @@ func TestEnvironmentIsValidConfig(t *testing.T) {
 		if want := id == "Sweeper" || id == "Reconciler"; kube != want {
 			t.Errorf("%s: Kubernetes access in its environment %v, want %v", id, kube, want)
 		}
-		cfg, err := config.FromEnv(func(name string) string {
+		cfg, err := config.Read(func(name string) string {
 			switch v := vars[name].(type) {
 			case string:
 				return v
@@ -226,7 +226,7 @@ func TestEnvironmentIsValidConfig(t *testing.T) {
 			default: // a reference CloudFormation resolves
 				return "resolved-" + name
 			}
-		})
+		}, config.Needs{Ledger: true, Kube: true})
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}

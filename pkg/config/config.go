@@ -102,11 +102,6 @@ type Needs struct {
 	Kube bool
 }
 
-// FromEnv reads the configuration of a function that needs everything.
-func FromEnv(getenv func(string) string) (Config, error) {
-	return Read(getenv, Needs{Ledger: true, Kube: true})
-}
-
 // Read reads the configuration through getenv (os.Getenv in handlers) and
 // checks that what needs asks for is set.
 func Read(getenv func(string) string, needs Needs) (Config, error) {

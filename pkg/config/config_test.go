@@ -18,7 +18,7 @@ func env(kv ...string) func(string) string {
 }
 
 func TestDefaults(t *testing.T) {
-	c, err := FromEnv(env("REAPER_TABLE", "ledger", "REAPER_CLUSTER", "prod", "KUBECONFIG", "/k", "REAPER_QUEUE_URL", "http://q"))
+	c, err := readAll(env("REAPER_TABLE", "ledger", "REAPER_CLUSTER", "prod", "KUBECONFIG", "/k", "REAPER_QUEUE_URL", "http://q"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestDefaults(t *testing.T) {
 }
 
 func TestOverrides(t *testing.T) {
-	c, err := FromEnv(env("REAPER_TABLE", "ledger", "REAPER_CLUSTER", "prod", "REAPER_EKS_CLUSTER", "prod", "REAPER_DRY_RUN", "true",
+	c, err := readAll(env("REAPER_TABLE", "ledger", "REAPER_CLUSTER", "prod", "REAPER_EKS_CLUSTER", "prod", "REAPER_DRY_RUN", "true",
 		"REAPER_QUEUE_URL", "http://q", "REAPER_EC2_SHARE", "0.8", "REAPER_RECONCILER_CONCURRENCY", "4", "REAPER_EC2_LIMITS", "terminate-instances=5000/100",
 		"REAPER_TAG_CLUSTER", "example.com/cluster", "REAPER_METRICS_NAMESPACE", "Reaper/prod",
 		"REAPER_EXIT_WAIT", "90s", "REAPER_ORPHAN_GRACE", "1h", "REAPER_TERMINATE_STOPPED", "false",
@@ -53,7 +53,7 @@ func TestOverrides(t *testing.T) {
 
 // Every bad setting is reported at once, on one line.
 func TestBadSettings(t *testing.T) {
-	_, err := FromEnv(env("REAPER_DRY_RUN", "maybe", "REAPER_EXIT_WAIT", "-1m", "REAPER_ORPHAN_GRACE", "soon",
+	_, err := readAll(env("REAPER_DRY_RUN", "maybe", "REAPER_EXIT_WAIT", "-1m", "REAPER_ORPHAN_GRACE", "soon",
 		"REAPER_EKS_CLUSTER", "a", "REAPER_KUBECONFIG_SECRET", "b", "REAPER_EC2_SHARE", "2", "REAPER_EC2_LIMITS", "describe=many",
 		"REAPER_ORPHAN_CAP", "0", "REAPER_POWER_OFF_GRACE", "1h"))
 	if err == nil {
@@ -70,7 +70,7 @@ func TestBadSettings(t *testing.T) {
 	if strings.Contains(msg, "\n") {
 		t.Errorf("error spans lines: %q", msg)
 	}
-	if _, err := FromEnv(env("REAPER_TABLE", "t", "REAPER_CLUSTER", "c", "REAPER_QUEUE_URL", "q")); err == nil || !strings.Contains(err.Error(), "no Kubernetes access") {
+	if _, err := readAll(env("REAPER_TABLE", "t", "REAPER_CLUSTER", "c", "REAPER_QUEUE_URL", "q")); err == nil || !strings.Contains(err.Error(), "no Kubernetes access") {
 		t.Errorf("missing Kubernetes access: %v", err)
 	}
 	// The Pod-written tag is read through the instance metadata, and only
@@ -80,7 +80,7 @@ func TestBadSettings(t *testing.T) {
 		{[]string{"REAPER_TAG_POD_WRITTEN", "reaper.io/pod-written", "REAPER_POWER_OFF_GRACE", "10s"}},
 		{[]string{"REAPER_TAG_POD_WRITTEN", "reaper.io:pod-written"}},
 	} {
-		if _, err := FromEnv(env(append(slices.Clone(base), tc.extra...)...)); err == nil || !strings.Contains(err.Error(), "REAPER_TAG_POD_WRITTEN") {
+		if _, err := readAll(env(append(slices.Clone(base), tc.extra...)...)); err == nil || !strings.Contains(err.Error(), "REAPER_TAG_POD_WRITTEN") {
 			t.Errorf("%v: %v", tc.extra, err)
 		}
 	}
@@ -88,4 +88,9 @@ func TestBadSettings(t *testing.T) {
 	if _, err := Read(env("REAPER_CLUSTER", "c", "REAPER_QUEUE_URL", "q"), Needs{}); err != nil {
 		t.Errorf("statechange's settings: %v", err)
 	}
+}
+
+// readAll reads the configuration of a function that needs everything.
+func readAll(getenv func(string) string) (Config, error) {
+	return Read(getenv, Needs{Ledger: true, Kube: true})
 }

@@ -219,7 +219,6 @@ type Rejection struct {
 // every line in a batch belongs to InstanceID.
 type Batch struct {
 	InstanceID string
-	LogGroup   string
 	// Lines are the valid lines, ordered by RestartCount with duplicates
 	// (redelivered or repeated by the agent: the same Pod and restart
 	// count) removed.
@@ -244,7 +243,7 @@ func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) 
 	if err != nil {
 		return Batch{}, fmt.Errorf("decode subscription payload: %w", err)
 	}
-	b := Batch{InstanceID: data.LogStream, LogGroup: data.LogGroup}
+	b := Batch{InstanceID: data.LogStream}
 	if data.MessageType == "CONTROL_MESSAGE" {
 		b.Control = true
 		return b, nil

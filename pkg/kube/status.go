@@ -99,9 +99,8 @@ func snapshot(ref model.PodRef, pod *corev1.Pod) Snapshot {
 	return snap
 }
 
-// Read reads the Pod ref names with one GET. A caller that reads ahead,
-// while it does other work, hands the snapshot to ApplyTo, which then
-// saves its own read; ReadMany reads many Pods in fewer requests.
+// Read reads the Pod ref names with one GET: ApplyTo reads again so after
+// a conflict. A batch reads its Pods with ReadMany, in LIST pages.
 func (w *StatusWriter) Read(ctx context.Context, ref model.PodRef) (Snapshot, error) {
 	pod, err := w.getPod(ctx, ref)
 	if err != nil {

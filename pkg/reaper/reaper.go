@@ -67,9 +67,8 @@ type Report struct {
 	PodResult kube.Result
 	// TerminateResult is set when termination was attempted.
 	TerminateResult instances.Termination
-	// Distrust says why the record, or its exit, was not believed (see
-	// the Distrust constants); Rejected says nothing was done for it.
-	Distrust string
+	// Rejected says the record was not believed and nothing was done
+	// for it.
 	Rejected bool
 }
 
@@ -109,7 +108,6 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 		reps[i].InstanceID = rec.InstanceID
 		inst, described := known[rec.InstanceID]
 		view, reason, ok := believe(rec, inst, described)
-		reps[i].Distrust = reason
 		if !ok {
 			reps[i].Rejected = true
 			errs[i] = r.reject(settleCtx, rec, inst, reason)
