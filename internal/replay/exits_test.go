@@ -14,7 +14,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
-	"github.com/reaper-k8s/reaper/pkg/reaper"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 func prepare(t *testing.T, name string, policy corev1.RestartPolicy, managed func(Subject) bool) *Scenario {
@@ -273,11 +273,11 @@ func TestUnmanagedInstanceKept(t *testing.T) {
 	t.Parallel()
 	sc := prepare(t, "unmanaged", corev1.RestartPolicyNever, func(Subject) bool { return false })
 	id := sc.Instances["job-unmanaged"]
-	rejected := lab.rejections(reaper.DistrustNotManaged)
+	rejected := lab.rejections(model.ReasonNotManaged)
 	if sum := invokeExit(t, sc.Payloads("exitrecorder")[0]); sum.Queued != 1 {
 		t.Fatalf("summary %+v", sum)
 	}
-	if n := lab.rejections(reaper.DistrustNotManaged) - rejected; n != 1 {
+	if n := lab.rejections(model.ReasonNotManaged) - rejected; n != 1 {
 		t.Fatalf("%d lines rejected as not managed, want 1", n)
 	}
 	if terminateCalls(id) != 0 || instanceState(t, id) != ec2server.Running {

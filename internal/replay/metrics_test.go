@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // emfLine is one Embedded Metric Format line of a function's log: the
@@ -112,7 +113,7 @@ func TestExitMetrics(t *testing.T) {
 		count    float64
 	}{
 		{metrics.FunctionExitRecorder, metrics.ExitsRecorded, nil, 1},
-		{metrics.FunctionExitRecorder, metrics.LinesRejected, map[string]string{metrics.ReasonDim: metrics.ReasonInvalid}, 1},
+		{metrics.FunctionExitRecorder, metrics.LinesRejected, map[string]string{metrics.ReasonDim: model.ReasonInvalid}, 1},
 		{metrics.FunctionExitRecorder, metrics.WorkItemsQueued, nil, 1},
 		{metrics.FunctionReconciler, metrics.PodStatusesWritten, map[string]string{metrics.OutcomeDim: metrics.OutcomeSucceeded}, 1},
 		{metrics.FunctionReconciler, metrics.InstancesTerminated, nil, 1},

@@ -12,6 +12,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/localstack"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
@@ -61,7 +62,7 @@ func TestOtherClusterUntouched(t *testing.T) {
 	}
 	exited, spotted := sc.Instances["other-exit"], sc.Instances["other-spot"]
 
-	wantRejected(t, sc.Payloads("exitrecorder")[0], map[string]int{reaper.DistrustOtherCluster: 1})
+	wantRejected(t, sc.Payloads("exitrecorder")[0], map[string]int{model.ReasonOtherCluster: 1})
 	var state intake.StateSummary
 	if play(t, LiveStep{Function: "statechange", Payload: sc.Payloads("statechange")[0]}, &state); !state.Queued {
 		t.Fatalf("state change of another cluster's instance: %+v", state)
@@ -86,7 +87,7 @@ func TestLineNamingAnotherPod(t *testing.T) {
 	sc := prepare(t, "pod-mismatch", corev1.RestartPolicyNever, nil)
 	writer := sc.Instances["writer"]
 	for _, p := range sc.Payloads("exitrecorder") {
-		wantRejected(t, p, map[string]int{reaper.DistrustPodMismatch: 1})
+		wantRejected(t, p, map[string]int{model.ReasonPodMismatch: 1})
 	}
 	wantUntouched(t, sc.Pods["writer"])
 	wantUntouched(t, sc.Pods["victim"])

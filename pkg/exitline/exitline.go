@@ -17,7 +17,6 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
@@ -195,17 +194,6 @@ func isUID(s string) []string {
 	return nil
 }
 
-// Why a log event was rejected, as counted in summaries and metrics.
-const (
-	// ReasonInvalid: not an exit line v1, or a field out of its limits.
-	ReasonInvalid = metrics.ReasonInvalid
-	// ReasonOtherInstance: the line names another instance than the log
-	// stream it was written to.
-	ReasonOtherInstance = metrics.ReasonOtherInstance
-	// ReasonFuture: finishedAt lies further ahead than MaxClockSkew.
-	ReasonFuture = metrics.ReasonFinishedInFuture
-)
-
 // Rejection is a log event that did not yield a usable exit line.
 type Rejection struct {
 	EventID string
@@ -258,13 +246,13 @@ func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) 
 	seen := make(map[restart]bool, len(data.LogEvents))
 	for _, e := range data.LogEvents {
 		l, err := Parse([]byte(e.Message))
-		reason := ReasonInvalid
+		reason := model.ReasonInvalid
 		switch {
 		case err != nil:
 		case l.InstanceID != data.LogStream:
-			reason, err = ReasonOtherInstance, fmt.Errorf("instanceId %s does not match log stream %s", l.InstanceID, data.LogStream)
+			reason, err = model.ReasonOtherInstance, fmt.Errorf("instanceId %s does not match log stream %s", l.InstanceID, data.LogStream)
 		case l.FinishedAt.After(now.Add(MaxClockSkew)):
-			reason, err = ReasonFuture, fmt.Errorf("finishedAt %s is more than %s after %s", l.FinishedAt.Format(time.RFC3339), MaxClockSkew, now.UTC().Format(time.RFC3339))
+			reason, err = model.ReasonFinishedInFuture, fmt.Errorf("finishedAt %s is more than %s after %s", l.FinishedAt.Format(time.RFC3339), MaxClockSkew, now.UTC().Format(time.RFC3339))
 		}
 		if err != nil {
 			b.Rejected = append(b.Rejected, Rejection{EventID: e.ID, Reason: reason, Err: err})

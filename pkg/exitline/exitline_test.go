@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 const good = `{"reaper":"container-exit","v":1,"instanceId":"i-0123456789abcdef0","podNamespace":"ml","podName":"train-0","podUID":"6b9a1c2e-0000-4000-8000-000000000001","container":"main","containerId":"3f2a","exitCode":0,"oomKilled":false,"startedAt":"2026-11-30T06:00:00.123456789Z","finishedAt":"2026-11-30T07:00:00.5Z","restartCount":0}`
@@ -77,8 +79,8 @@ func TestFromLogsEvent(t *testing.T) {
 	if len(b.Lines) != 2 || b.Lines[0].RestartCount != 0 || b.Lines[1].RestartCount != 1 {
 		t.Fatalf("lines not deduplicated and ordered: %+v", b.Lines)
 	}
-	if len(b.Rejected) != 2 || b.Rejected[0].EventID != "3" || b.Rejected[0].Reason != ReasonInvalid ||
-		b.Rejected[1].Reason != ReasonOtherInstance || !strings.Contains(b.Rejected[1].Err.Error(), "does not match log stream") {
+	if len(b.Rejected) != 2 || b.Rejected[0].EventID != "3" || b.Rejected[0].Reason != model.ReasonInvalid ||
+		b.Rejected[1].Reason != model.ReasonOtherInstance || !strings.Contains(b.Rejected[1].Err.Error(), "does not match log stream") {
 		t.Fatalf("rejected: %+v", b.Rejected)
 	}
 }
@@ -107,7 +109,7 @@ func TestFromLogsEventFuture(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(b.Lines) != tc.want || (tc.want == 0 && (len(b.Rejected) != 1 || b.Rejected[0].Reason != ReasonFuture)) {
+		if len(b.Lines) != tc.want || (tc.want == 0 && (len(b.Rejected) != 1 || b.Rejected[0].Reason != model.ReasonFinishedInFuture)) {
 			t.Fatalf("now %s: lines %d rejected %+v", tc.now, len(b.Lines), b.Rejected)
 		}
 	}
@@ -132,7 +134,7 @@ func TestFromLogsEventForgedNeighbours(t *testing.T) {
 	if len(b.Lines) != 2 || b.Lines[0].PodName != "victim" || b.Lines[1].PodName != "train-0" {
 		t.Fatalf("lines %+v, want the forged line and the real one", b.Lines)
 	}
-	if len(b.Rejected) != 1 || b.Rejected[0].EventID != "2" || b.Rejected[0].Reason != ReasonInvalid {
+	if len(b.Rejected) != 1 || b.Rejected[0].EventID != "2" || b.Rejected[0].Reason != model.ReasonInvalid {
 		t.Fatalf("rejected %+v, want the huge line alone", b.Rejected)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
@@ -68,10 +69,6 @@ func (in *Intake) recordRejections(s ExitSummary) {
 	}
 }
 
-// ReasonUndecodable counts a payload that could not be decoded or
-// attributed to an instance at all.
-const ReasonUndecodable = metrics.ReasonUndecodable
-
 // HandleLogsEvent is the exitrecorder's handler: one CloudWatch Logs
 // subscription payload, the lines of one instance.
 func (in *Intake) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsEvent) (ExitSummary, error) {
@@ -82,7 +79,7 @@ func (in *Intake) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsE
 		// better on a retry: log it and count it, do not fail.
 		in.Log.ErrorContext(ctx, "payload rejected", "error", err)
 		var sum ExitSummary
-		sum.reject(ReasonUndecodable)
+		sum.reject(model.ReasonUndecodable)
 		in.recordRejections(sum)
 		return sum, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/fakes"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/intake"
+	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/statechange"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
@@ -37,7 +38,7 @@ func TestHandleExitsQueues(t *testing.T) {
 	in := &intake.Intake{Queue: q, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: testNow}
 	sum, err := in.HandleExits(t.Context(), exitline.Batch{InstanceID: fakes.InstanceID(1), Lines: []exitline.Line{
 		line(1, 0, true), line(2, 5, false), line(1, 1, false),
-	}, Rejected: []exitline.Rejection{{EventID: "e", Reason: intake.ReasonUndecodable, Err: errBadLine}}})
+	}, Rejected: []exitline.Rejection{{EventID: "e", Reason: model.ReasonUndecodable, Err: errBadLine}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,22 +104,6 @@ const (
 	EC2PacingWait = "EC2PacingWait"
 )
 
-// Values of ReasonDim on LinesRejected.
-const (
-	ReasonInvalid          = "invalid"
-	ReasonOtherInstance    = "other-instance"
-	ReasonFinishedInFuture = "finished-in-future"
-	ReasonUndecodable      = "undecodable"
-	ReasonNotManaged       = "not-managed"
-	ReasonOtherCluster     = "other-cluster"
-	ReasonInstanceUnknown  = "instance-unknown"
-	ReasonNoPodTags        = "no-pod-tags"
-	ReasonPodMismatch      = "pod-mismatch"
-	// Values on StateChangesRefused.
-	ReasonNotConfirmed = "not-confirmed"
-	ReasonInFuture     = "in-future"
-)
-
 // Values of OutcomeDim on PodStatusesWritten.
 const (
 	OutcomeSucceeded = "Succeeded"

@@ -471,9 +471,9 @@ func (r *Reaper) notInFuture(ctx context.Context, id string, items []workqueue.I
 			return false
 		}
 		if it.Kind == workqueue.KindExit {
-			r.Metrics.By(metrics.Reason(metrics.ReasonFinishedInFuture)).Count(metrics.LinesRejected, 1)
+			r.Metrics.By(metrics.Reason(model.ReasonFinishedInFuture)).Count(metrics.LinesRejected, 1)
 		} else {
-			r.Metrics.By(metrics.Reason(metrics.ReasonInFuture)).Count(metrics.StateChangesRefused, 1)
+			r.Metrics.By(metrics.Reason(model.ReasonInFuture)).Count(metrics.StateChangesRefused, 1)
 		}
 		r.Log.LogAttrs(ctx, slog.LevelWarn, "work item in the future", slog.String("instance", id),
 			slog.String("kind", string(it.Kind)), slog.Time("at", at), slog.Duration("maxSkew", exitline.MaxClockSkew))
@@ -550,7 +550,7 @@ func (b *batchRun) unconfirmedState(ctx context.Context, id string, items []work
 			b.mu.Unlock()
 			continue
 		}
-		b.Metrics.By(metrics.Reason(metrics.ReasonNotConfirmed)).Count(metrics.StateChangesRefused, 1)
+		b.Metrics.By(metrics.Reason(model.ReasonNotConfirmed)).Count(metrics.StateChangesRefused, 1)
 		b.Log.LogAttrs(ctx, slog.LevelWarn, "state change not confirmed", slog.String("instance", id),
 			slog.String("claimed", it.State), slog.Time("at", it.At), slog.String("described", state), slog.Int("checks", it.Checks+1))
 	}
@@ -568,7 +568,7 @@ func claimDistrust(pod model.PodRef, inst instances.Instance, described bool, re
 	if haveRecord && !rec.Unverified && rec.Pod.UID != "" && rec.Pod == pod {
 		return ""
 	}
-	return DistrustUnknown
+	return model.ReasonInstanceUnknown
 }
 
 // newestState is the newest of the state changes among items: applied in

@@ -11,40 +11,21 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
-// Why a line or a record is not believed. A host writes the exit line and
-// may write into any log stream of the group (IAM cannot tie a stream to
-// the writer's instance), so what a line or a record built from one says is
-// checked against the instance's launch tags, which only the provider
-// wrote.
-const (
-	// DistrustUnknown: EC2 does not know the instance, and the record was
-	// never checked against its tags.
-	DistrustUnknown = metrics.ReasonInstanceUnknown
-	// DistrustNotManaged: the instance lacks the managed tag.
-	DistrustNotManaged = metrics.ReasonNotManaged
-	// DistrustOtherCluster: the instance belongs to another cluster.
-	DistrustOtherCluster = metrics.ReasonOtherCluster
-	// DistrustNoPodTags: the instance carries no Pod tags to compare with.
-	DistrustNoPodTags = metrics.ReasonNoPodTags
-	// DistrustPodMismatch: the Pod named differs from the one the tags name.
-	DistrustPodMismatch = metrics.ReasonPodMismatch
-)
-
 // distrust says why a Pod claimed for an instance is not to be believed, or
 // "" when the instance's launch tags agree: managed, this cluster, and the
 // same Pod namespace, name and UID.
 func distrust(inst instances.Instance, known bool, pod model.PodRef) string {
 	switch {
 	case !known:
-		return DistrustUnknown
+		return model.ReasonInstanceUnknown
 	case !inst.Managed:
-		return DistrustNotManaged
+		return model.ReasonNotManaged
 	case !inst.Owned:
-		return DistrustOtherCluster
+		return model.ReasonOtherCluster
 	case inst.Pod.UID == "":
-		return DistrustNoPodTags
+		return model.ReasonNoPodTags
 	case inst.Pod != pod:
-		return DistrustPodMismatch
+		return model.ReasonPodMismatch
 	}
 	return ""
 }
@@ -59,7 +40,7 @@ func believe(rec ledger.Record, inst instances.Instance, known bool) (view ledge
 		// Terminated instances leave EC2's answers after about an hour; a
 		// record checked when it was written still stands.
 		if rec.Unverified {
-			return rec, DistrustUnknown, false
+			return rec, model.ReasonInstanceUnknown, false
 		}
 		return rec, "", true
 	}
@@ -68,7 +49,7 @@ func believe(rec ledger.Record, inst instances.Instance, known bool) (view ledge
 	}
 	if rec.Pod != inst.Pod {
 		if rec.Exit != nil {
-			reason = DistrustPodMismatch
+			reason = model.ReasonPodMismatch
 		}
 		rec.Pod, rec.Exit, rec.ExitRestartCount = inst.Pod, nil, nil
 	}
