@@ -16,13 +16,11 @@ type Bucket = model.Bucket
 
 // Limits are the token buckets EC2 throttles the server's actions with. Each
 // request, whatever its outcome, takes one token from its action's request
-// bucket; TerminateInstances and StopInstances also take one token per
-// instance they name from their resource bucket.
+// bucket; TerminateInstances also takes one token per instance it names from
+// its resource bucket.
 type Limits struct {
 	Terminate         Bucket // TerminateInstances requests
 	TerminateResource Bucket // instances named in TerminateInstances
-	Stop              Bucket // StopInstances requests
-	StopResource      Bucket // instances named in StopInstances
 	// Describe is for DescribeInstances with a filter or pagination;
 	// DescribeUnfiltered for those with neither.
 	Describe           Bucket
@@ -36,9 +34,8 @@ type Limits struct {
 // https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html:
 //
 //   - TerminateInstances is an uncategorized action with its own request
-//     bucket (100, refill 5/s); StopInstances is not listed there, so it gets
-//     the bucket for mutating actions (50, refill 5/s).
-//   - Both have a resource bucket of 1,000 instances, refill 20/s.
+//     bucket (100, refill 5/s) and a resource bucket of 1,000 instances,
+//     refill 20/s.
 //   - DescribeInstances is non-mutating (100, refill 20/s), but is also listed
 //     among the actions that, requested with neither pagination nor a filter,
 //     draw on a smaller bucket (50, refill 10/s).
@@ -49,8 +46,6 @@ func PublishedLimits() Limits {
 	return Limits{
 		Terminate:          b.Terminate,
 		TerminateResource:  b.TerminateInstances,
-		Stop:               Bucket{Capacity: 50, Refill: 5},
-		StopResource:       Bucket{Capacity: 1000, Refill: 20},
 		Describe:           b.Describe,
 		DescribeUnfiltered: Bucket{Capacity: 50, Refill: 10},
 		CreateTags:         b.CreateTags,
@@ -80,8 +75,6 @@ func (s *Server) EnableBuckets(l Limits, scale float64) {
 	s.buckets = &buckets{
 		terminate:          b(l.Terminate),
 		terminateResource:  b(l.TerminateResource),
-		stop:               b(l.Stop),
-		stopResource:       b(l.StopResource),
 		describe:           b(l.Describe),
 		describeUnfiltered: b(l.DescribeUnfiltered),
 		createTags:         b(l.CreateTags),
@@ -99,10 +92,10 @@ func (s *Server) DisableBuckets() {
 // account's other tools do when they spend every token as it comes: every
 // request for action is refused (RequestLimitExceeded, HTTP 503, recorded
 // with Refused set) until then, and afterwards its buckets refill from
-// empty. action is TerminateInstances (its request and resource buckets),
-// StopInstances (the same) or DescribeInstances (both of its request
-// buckets). A bucket that does not limit (zero Capacity) stays so. It needs
-// EnableBuckets, whose next call ends the hold.
+// empty. action is TerminateInstances (its request and resource buckets) or
+// DescribeInstances (both of its request buckets). A bucket that does not
+// limit (zero Capacity) stays so. It needs EnableBuckets, whose next call
+// ends the hold.
 func (s *Server) HoldEmpty(action string, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -113,8 +106,6 @@ func (s *Server) HoldEmpty(action string, d time.Duration) {
 	switch action {
 	case "TerminateInstances":
 		held = []*bucket{&s.buckets.terminate, &s.buckets.terminateResource}
-	case "StopInstances":
-		held = []*bucket{&s.buckets.stop, &s.buckets.stopResource}
 	case "DescribeInstances":
 		held = []*bucket{&s.buckets.describe, &s.buckets.describeUnfiltered}
 	default:
@@ -134,7 +125,6 @@ func (s *Server) Refusals(action string) int {
 
 type buckets struct {
 	terminate, terminateResource bucket
-	stop, stopResource           bucket
 	describe, describeUnfiltered bucket
 	createTags                   bucket
 }
@@ -187,8 +177,6 @@ func (s *Server) admit(action string, form url.Values, ids []string, now time.Ti
 	switch action {
 	case "TerminateInstances":
 		req, res = &s.buckets.terminate, &s.buckets.terminateResource
-	case "StopInstances":
-		req, res = &s.buckets.stop, &s.buckets.stopResource
 	case "CreateTags":
 		req = &s.buckets.createTags
 	case "DescribeInstances":

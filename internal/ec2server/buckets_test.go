@@ -197,19 +197,6 @@ func TestBucketsRefusalHasNoSideEffect(t *testing.T) {
 		t.Fatalf("an id named twice: %v", err)
 	}
 	wantRefused(t, terminate(ctx, client, z), "with the resource bucket empty")
-
-	// StopInstances has buckets of its own.
-	srv.EnableBuckets(ec2server.Limits{Stop: ec2server.Bucket{Capacity: 1, Refill: 5}}, frozen)
-	r, s := srv.AddInstance(ec2server.Instance{}).ID, srv.AddInstance(ec2server.Instance{}).ID
-	if _, err := client.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{r}}); err != nil {
-		t.Fatal(err)
-	}
-	_, err := client.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{s}})
-	wantRefused(t, err, "second stop")
-	wantState(t, srv, ec2server.Running, s)
-	if n := srv.Refusals("StopInstances"); n != 1 {
-		t.Errorf("StopInstances refusals = %d, want 1", n)
-	}
 }
 
 // More ids than a call may name can never be covered by the 1,000-token

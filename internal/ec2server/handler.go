@@ -87,9 +87,7 @@ func (s *Server) dispatch(action string, form url.Values, ids []string, now time
 	case "DescribeInstances":
 		return s.describeInstances(form, ids, reqID)
 	case "TerminateInstances":
-		return s.changeState(form, ids, now, terminate, "TerminateInstancesResponse", reqID)
-	case "StopInstances":
-		return s.changeState(form, ids, now, stop, "StopInstancesResponse", reqID)
+		return s.terminateInstances(form, ids, now, reqID)
 	case "RunInstances":
 		return s.runInstances(form, now, reqID)
 	case "CreateTags":
@@ -296,31 +294,12 @@ func dedupe(recs []*record) []*record {
 	})
 }
 
-// transition decides the next state for Terminate or Stop; ok=false refuses
-// the instance with IncorrectInstanceState.
-type transition func(cur State) (next, settled State, ok bool)
-
-func terminate(cur State) (State, State, bool) {
-	switch cur {
-	case Terminated:
-		return Terminated, "", true
-	default:
-		return ShuttingDown, Terminated, true
-	}
-}
-
-func stop(cur State) (State, State, bool) {
-	switch cur {
-	case Running:
-		return Stopping, Stopped, true
-	case Stopping, Stopped:
-		return cur, "", true
-	default: // pending, shutting-down, terminated
-		return "", "", false
-	}
-}
-
-func (s *Server) changeState(form url.Values, ids []string, now time.Time, next transition, root, reqID string) (any, *apiError) {
+// terminateInstances moves every instance named to shutting-down, which
+// settles as terminated (SetTransitionDelay), from any state: EC2 terminates
+// pending, running, stopping and stopped instances alike. One already
+// shutting down keeps its schedule, and one already terminated stays so,
+// reported again as EC2 does.
+func (s *Server) terminateInstances(form url.Values, ids []string, now time.Time, reqID string) (any, *apiError) {
 	if len(ids) == 0 {
 		return nil, errorf("MissingParameter", "The request must contain the parameter InstanceId")
 	}
@@ -334,10 +313,7 @@ func (s *Server) changeState(form url.Values, ids []string, now time.Time, next 
 	recs = dedupe(recs) // an id named twice changes state once
 	// Validate every instance before changing any: the request is atomic.
 	for _, r := range recs {
-		if _, _, ok := next(r.inst.State); !ok {
-			return nil, errorf("IncorrectInstanceState", "This instance '%s' is not in a state from which it can be stopped.", r.inst.ID)
-		}
-		if root == "TerminateInstancesResponse" && r.inst.DisableAPITermination {
+		if r.inst.DisableAPITermination {
 			return nil, errorf("OperationNotPermitted", "The instance '%s' may not be terminated. Modify its 'disableApiTermination' instance attribute and try again.", r.inst.ID)
 		}
 	}
@@ -345,15 +321,15 @@ func (s *Server) changeState(form url.Values, ids []string, now time.Time, next 
 		return nil, errorf("DryRunOperation", "Request would have succeeded, but DryRun flag is set.")
 	}
 
-	out := stateChangeResponse{XMLName: xml.Name{Local: root}, Xmlns: xmlns, RequestID: reqID}
+	out := terminateResponse{Xmlns: xmlns, RequestID: reqID}
 	for _, r := range recs {
 		prev := r.inst.State
-		cur, settled, _ := next(prev)
-		if cur != prev {
-			r.inst.State = cur
+		if prev != ShuttingDown && prev != Terminated {
+			r.inst.State = ShuttingDown
 			r.inst.StateReason = StateReason{Code: "Client.UserInitiatedShutdown", Message: "Client.UserInitiatedShutdown: User initiated shutdown"}
-			r.target, r.at = settled, now.Add(s.settle)
+			r.target, r.at = Terminated, now.Add(s.settle)
 		}
+		cur := r.inst.State
 		out.Instances = append(out.Instances, xmlStateChange{
 			InstanceID:    r.inst.ID,
 			CurrentState:  xmlState{Code: cur.Code(), Name: string(cur)},
@@ -596,8 +572,8 @@ type xmlTag struct {
 	Value string `xml:"value"`
 }
 
-type stateChangeResponse struct {
-	XMLName   xml.Name
+type terminateResponse struct {
+	XMLName   xml.Name         `xml:"TerminateInstancesResponse"`
 	Xmlns     string           `xml:"xmlns,attr"`
 	RequestID string           `xml:"requestId"`
 	Instances []xmlStateChange `xml:"instancesSet>item"`

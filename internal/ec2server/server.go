@@ -1,6 +1,6 @@
 // Package ec2server is an in-process stand-in for the Amazon EC2 Query API,
 // limited to the calls Reaper makes: DescribeInstances, TerminateInstances and
-// StopInstances, plus the RunInstances a provider makes. Tests point the real
+// CreateTags, plus the RunInstances a provider makes. Tests point the real
 // aws-sdk-go-v2 EC2 client at it (through ec2.Options.BaseEndpoint or
 // AWS_ENDPOINT_URL_EC2), so request encoding, response parsing, error mapping
 // and retries are exercised for real.
@@ -79,7 +79,7 @@ type Instance struct {
 	Tags         map[string]string // key -> value
 	LaunchTime   time.Time         // default: when added
 	InstanceType string            // optional, e.g. "g5.xlarge"
-	StateReason  StateReason       // optional; set by Terminate and Stop
+	StateReason  StateReason       // optional; set by TerminateInstances
 	// DisableAPITermination is termination protection: a
 	// TerminateInstances naming the instance fails with
 	// OperationNotPermitted and terminates none of the call's instances.
@@ -131,7 +131,7 @@ type Server struct {
 type record struct {
 	inst Instance
 	seq  int64
-	// A Terminate or Stop leaves the instance in a transient state that
+	// TerminateInstances leaves the instance in a transient state that
 	// becomes target at or after `at`. Evaluated lazily on every access, so no
 	// timers or goroutines are needed.
 	target State
@@ -209,7 +209,8 @@ func (s *Server) RemoveInstance(id string) {
 }
 
 // SetState moves an instance to state at once, cancelling any transition in
-// progress (use it to simulate a spot interruption or a manual stop). It
+// progress (use it to simulate a spot interruption or an operator's stop:
+// the server does not answer StopInstances, which Reaper never calls). It
 // panics if the instance does not exist or the state is unknown.
 func (s *Server) SetState(id string, state State) {
 	if state.Code() < 0 {
@@ -236,11 +237,10 @@ func (s *Server) Instance(id string) (Instance, bool) {
 	return r.inst.clone(), true
 }
 
-// SetTransitionDelay sets how long an instance stays shutting-down (after
-// TerminateInstances) or stopping (after StopInstances) before it becomes
-// terminated or stopped. The default, zero, settles it before the next
-// request, though the Terminate/Stop answer still reports the transient
-// state like EC2 does.
+// SetTransitionDelay sets how long an instance stays shutting-down after
+// TerminateInstances before it becomes terminated. The default, zero,
+// settles it before the next request, though the TerminateInstances answer
+// still reports the transient state like EC2 does.
 func (s *Server) SetTransitionDelay(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -353,7 +353,7 @@ func (s *Server) takeFault(action string, now time.Time) *fault {
 	return nil
 }
 
-// advance completes a pending Terminate/Stop transition that is due.
+// advance completes a pending termination that is due.
 func (r *record) advance(now time.Time) {
 	if r.target != "" && !now.Before(r.at) {
 		r.inst.State, r.target = r.target, ""

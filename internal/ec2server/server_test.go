@@ -256,7 +256,7 @@ func TestTerminateIsIdempotent(t *testing.T) {
 	}
 }
 
-func TestTransitionDelayAndStop(t *testing.T) {
+func TestTransitionDelayAndSetState(t *testing.T) {
 	ctx := context.Background()
 	client, srv := newClient(t)
 	srv.SetTransitionDelay(time.Hour)
@@ -274,18 +274,6 @@ func TestTransitionDelayAndStop(t *testing.T) {
 		t.Errorf("still shutting down expected, got %s", s)
 	}
 
-	stop, err := client.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{b}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := stop.StoppingInstances[0].CurrentState.Name; s != types.InstanceStateNameStopping {
-		t.Errorf("stop: current %s", s)
-	}
-	_, err = client.StopInstances(ctx, &ec2.StopInstancesInput{InstanceIds: []string{a}})
-	if code := callrecord.APIErrorCode(t, err); code != "IncorrectInstanceState" {
-		t.Errorf("stop shutting-down: code %s", code)
-	}
-
 	srv.SetState(b, ec2server.Stopped)
 	if inst, _ := srv.Instance(b); inst.State != ec2server.Stopped {
 		t.Errorf("SetState: %s", inst.State)
@@ -297,6 +285,13 @@ func TestTransitionDelayAndStop(t *testing.T) {
 	}
 	if inst, _ := srv.Instance(b); inst.State != ec2server.Stopped {
 		t.Errorf("dry run changed the state to %s", inst.State)
+	}
+	out, err = client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch := out.TerminatingInstances[0]; ch.PreviousState.Name != types.InstanceStateNameStopped || ch.CurrentState.Name != types.InstanceStateNameShuttingDown {
+		t.Errorf("terminate stopped: %s -> %s", ch.PreviousState.Name, ch.CurrentState.Name)
 	}
 }
 

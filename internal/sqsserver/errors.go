@@ -21,7 +21,6 @@ const (
 	codeBatchIDsNotDistinct    = "AWS.SimpleQueueService.BatchEntryIdsNotDistinct"
 	codeBatchRequestTooLong    = "AWS.SimpleQueueService.BatchRequestTooLong"
 	codeInvalidBatchEntryID    = "AWS.SimpleQueueService.InvalidBatchEntryId"
-	codePurgeQueueInProgress   = "AWS.SimpleQueueService.PurgeQueueInProgress"
 	codeUnsupportedOperation   = "AWS.SimpleQueueService.UnsupportedOperation"
 	codeInvalidParameterValue  = "InvalidParameterValue"
 	codeMissingParameter       = "MissingParameter"
@@ -48,7 +47,6 @@ var modeledErrors = map[string]struct {
 	codeBatchIDsNotDistinct:    {"BatchEntryIdsNotDistinct", 400},
 	codeBatchRequestTooLong:    {"BatchRequestTooLong", 400},
 	codeInvalidBatchEntryID:    {"InvalidBatchEntryId", 400},
-	codePurgeQueueInProgress:   {"PurgeQueueInProgress", 403},
 	codeUnsupportedOperation:   {"UnsupportedOperation", 400},
 	// Only injected by FailNext: SQS's answers to too many requests.
 	"RequestThrottled": {"RequestThrottled", 403},

@@ -28,7 +28,6 @@ const (
 	maxWaitSeconds       = 20
 	maxVisibilitySeconds = 43200
 	maxDelaySeconds      = 900
-	purgeInterval        = 60 * time.Second
 )
 
 var (
@@ -127,27 +126,15 @@ func (s *Server) dispatch(ctx context.Context, action string, body []byte, call 
 	switch action {
 	case "CreateQueue":
 		return run(body, call, s.createQueue)
-	case "GetQueueUrl":
-		return run(body, call, s.getQueueURL)
 	case "GetQueueAttributes":
 		return run(body, call, s.getQueueAttributes)
-	case "PurgeQueue":
-		return run(body, call, s.purgeQueue)
 	case "SendMessage":
 		call.Count = 1
 		return run(body, call, s.sendMessage)
-	case "DeleteMessage":
-		call.Count = 1
-		return run(body, call, s.deleteMessage)
-	case "ChangeMessageVisibility":
-		call.Count = 1
-		return run(body, call, s.changeMessageVisibility)
 	case "SendMessageBatch":
 		return runBatch(body, call, s.sendMessageBatch)
 	case "DeleteMessageBatch":
 		return runBatch(body, call, s.deleteMessageBatch)
-	case "ChangeMessageVisibilityBatch":
-		return runBatch(body, call, s.changeMessageVisibilityBatch)
 	case "ReceiveMessage":
 		in, aerr := decode[receiveInput](body, call)
 		if aerr != nil {
@@ -236,24 +223,6 @@ func (s *Server) createQueue(in createQueueInput) (createQueueOutput, *apiError)
 	return createQueueOutput{QueueUrl: q.url(s.http.URL)}, nil
 }
 
-type getQueueURLInput struct {
-	byName
-	QueueOwnerAWSAccountId string
-}
-
-func (s *Server) getQueueURL(in getQueueURLInput) (createQueueOutput, *apiError) {
-	if in.QueueName == "" {
-		return createQueueOutput{}, errorf(codeMissingParameter, "The request must contain the parameter QueueName.")
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q, ok := s.queues[in.QueueName]
-	if !ok || (in.QueueOwnerAWSAccountId != "" && in.QueueOwnerAWSAccountId != AccountID) {
-		return createQueueOutput{}, errorf(codeNonExistentQueue, "The specified queue does not exist.")
-	}
-	return createQueueOutput{QueueUrl: q.url(s.http.URL)}, nil
-}
-
 type getQueueAttributesInput struct {
 	byURL
 	AttributeNames []string
@@ -304,27 +273,6 @@ func (s *Server) getQueueAttributes(in getQueueAttributesInput) (getQueueAttribu
 		}
 	}
 	return out, nil
-}
-
-type empty struct{}
-
-func (s *Server) purgeQueue(in byURL) (empty, *apiError) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q, aerr := s.lookup(in.QueueUrl)
-	if aerr != nil {
-		return empty{}, aerr
-	}
-	now := s.now()
-	if !q.lastPurge.IsZero() && now.Sub(q.lastPurge) < purgeInterval {
-		return empty{}, errorf(codePurgeQueueInProgress, "Only one PurgeQueue operation on %s is allowed every 60 seconds.", q.name)
-	}
-	q.lastPurge = now
-	for _, m := range q.msgs {
-		q.remove(m)
-	}
-	q.tidy(now)
-	return empty{}, nil
 }
 
 // sendFields are the members SendMessage and a SendMessageBatch entry share.
@@ -536,8 +484,9 @@ func optionalInRange(v *int, def, lo, hi int, name, reason string) (int, *apiErr
 }
 
 // receiveMessage answers at once when a message is receivable, otherwise
-// waits up to WaitTimeSeconds for one: woken by a send or visibility reset,
-// or by a timer set for the next delay or visibility timeout to end.
+// waits up to WaitTimeSeconds for one: woken by a send (or a move to the
+// dead-letter queue), or by a timer set for the next delay or visibility
+// timeout to end.
 func (s *Server) receiveMessage(ctx context.Context, in receiveInput) (receiveOutput, *apiError) {
 	limit, aerr := optionalInRange(in.MaxNumberOfMessages, 1, 1, maxReceive, "MaxNumberOfMessages", "Must be between 1 and 10, if provided.")
 	if aerr != nil {
@@ -665,21 +614,6 @@ func render(m *message, systemNames, attributeNames []string) messageOutput {
 
 func millis(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 
-type receiptInput struct {
-	byURL
-	ReceiptHandle string
-}
-
-func (s *Server) deleteMessage(in receiptInput) (empty, *apiError) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q, aerr := s.lookup(in.QueueUrl)
-	if aerr != nil {
-		return empty{}, aerr
-	}
-	return empty{}, deleteOne(q, in.ReceiptHandle)
-}
-
 // deleteOne deletes the message a receipt handle names. A handle that is
 // well formed but no longer the message's latest, or whose message is gone,
 // deletes nothing and still succeeds, as the DeleteMessage reference
@@ -696,102 +630,45 @@ func deleteOne(q *queue, handle string) *apiError {
 }
 
 type batchReceiptEntry struct {
-	Id                string
-	ReceiptHandle     string
-	VisibilityTimeout *int
+	Id            string
+	ReceiptHandle string
 }
 
-type batchReceiptInput struct {
+type deleteMessageBatchInput struct {
 	byURL
 	Entries []batchReceiptEntry
 }
 
-func (in batchReceiptInput) entryCount() int { return len(in.Entries) }
+func (in deleteMessageBatchInput) entryCount() int { return len(in.Entries) }
 
 type batchIDEntry struct{ Id string }
 
-type batchOutput struct {
+type deleteMessageBatchOutput struct {
 	Successful []batchIDEntry
 	Failed     []batchResultError
 }
 
-// eachEntry runs fn on each entry of a DeleteMessageBatch or
-// ChangeMessageVisibilityBatch, collecting per-entry results.
-func (s *Server) eachEntry(in batchReceiptInput, fn func(*queue, batchReceiptEntry, time.Time) *apiError) (batchOutput, *apiError) {
+func (s *Server) deleteMessageBatch(in deleteMessageBatchInput) (deleteMessageBatchOutput, *apiError) {
 	ids := make([]string, len(in.Entries))
 	for i, e := range in.Entries {
 		ids[i] = e.Id
 	}
 	if aerr := checkBatchIDs(ids); aerr != nil {
-		return batchOutput{}, aerr
+		return deleteMessageBatchOutput{}, aerr
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q, aerr := s.lookup(in.QueueUrl)
 	if aerr != nil {
-		return batchOutput{}, aerr
+		return deleteMessageBatchOutput{}, aerr
 	}
-	now := s.now()
-	out := batchOutput{Successful: []batchIDEntry{}, Failed: []batchResultError{}}
+	out := deleteMessageBatchOutput{Successful: []batchIDEntry{}, Failed: []batchResultError{}}
 	for _, e := range in.Entries {
-		if aerr := fn(q, e, now); aerr != nil {
+		if aerr := deleteOne(q, e.ReceiptHandle); aerr != nil {
 			out.Failed = append(out.Failed, entryError(e.Id, aerr))
 		} else {
 			out.Successful = append(out.Successful, batchIDEntry{Id: e.Id})
 		}
 	}
 	return out, nil
-}
-
-func (s *Server) deleteMessageBatch(in batchReceiptInput) (batchOutput, *apiError) {
-	return s.eachEntry(in, func(q *queue, e batchReceiptEntry, _ time.Time) *apiError {
-		return deleteOne(q, e.ReceiptHandle)
-	})
-}
-
-type changeVisibilityInput struct {
-	byURL
-	ReceiptHandle     string
-	VisibilityTimeout *int
-}
-
-func (s *Server) changeMessageVisibility(in changeVisibilityInput) (empty, *apiError) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q, aerr := s.lookup(in.QueueUrl)
-	if aerr != nil {
-		return empty{}, aerr
-	}
-	return empty{}, changeVisibility(q, in.ReceiptHandle, in.VisibilityTimeout, s.now())
-}
-
-func (s *Server) changeMessageVisibilityBatch(in batchReceiptInput) (batchOutput, *apiError) {
-	return s.eachEntry(in, func(q *queue, e batchReceiptEntry, now time.Time) *apiError {
-		return changeVisibility(q, e.ReceiptHandle, e.VisibilityTimeout, now)
-	})
-}
-
-// changeVisibility restarts an in-flight message's visibility timeout from
-// now. Only the latest receipt handle of a message still in flight
-// qualifies. Called with s.mu held.
-func changeVisibility(q *queue, handle string, timeout *int, now time.Time) *apiError {
-	if timeout == nil {
-		return errorf(codeMissingParameter, "The request must contain the parameter VisibilityTimeout.")
-	}
-	if *timeout < 0 || *timeout > maxVisibilitySeconds {
-		return errorf(codeInvalidParameterValue, "Value %d for parameter VisibilityTimeout is invalid. Reason: Must be between 0 and 43200.", *timeout)
-	}
-	queueName, id, ok := parseHandle(handle)
-	if !ok || queueName != q.name {
-		return errorf(codeReceiptHandleIsInvalid, "The input receipt handle \"%s\" is not a valid receipt handle.", handle)
-	}
-	m, ok := q.byID[id]
-	if !ok || m.handle != handle || m.state(now) != inFlight {
-		return errorf(codeInvalidParameterValue, "Value %s for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not available for visibility timeout change.", handle)
-	}
-	if !m.setVisibility(now, time.Duration(*timeout)*time.Second) {
-		return errorf(codeInvalidParameterValue, "Value %d for parameter VisibilityTimeout is invalid. Reason: Total VisibilityTimeout for the message is beyond the limit [%d seconds].", *timeout, maxVisibilitySeconds)
-	}
-	q.notify() // the message may now be receivable before any waiter's timer
-	return nil
 }

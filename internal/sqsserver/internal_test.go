@@ -79,30 +79,3 @@ func TestRetentionPeriod(t *testing.T) {
 		t.Fatalf("received %+v, want only the young message", got.Messages)
 	}
 }
-
-func TestVisibilityExtensionLimit(t *testing.T) {
-	ctx := context.Background()
-	client, _, clock := newFakeClockServer(t)
-	out, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String("long"), Attributes: map[string]string{"VisibilityTimeout": "43200"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: out.QueueUrl, MessageBody: aws.String("m")}); err != nil {
-		t.Fatal(err)
-	}
-	got, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: out.QueueUrl})
-	if err != nil || len(got.Messages) != 1 {
-		t.Fatalf("receive: %v %v", got, err)
-	}
-	handle := got.Messages[0].ReceiptHandle
-
-	// Extensions run from now, but never past 12 hours after the receive.
-	clock.advance(6 * time.Hour)
-	if _, err := client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: out.QueueUrl, ReceiptHandle: handle, VisibilityTimeout: 6 * 3600}); err != nil {
-		t.Fatalf("extension to the limit: %v", err)
-	}
-	_, err = client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: out.QueueUrl, ReceiptHandle: handle, VisibilityTimeout: 6*3600 + 1})
-	if err == nil {
-		t.Fatal("an extension past 12 hours was accepted")
-	}
-}

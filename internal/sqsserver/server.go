@@ -5,9 +5,8 @@
 // request encoding, response parsing, checksum validation, error mapping and
 // retries are exercised for real.
 //
-// Actions: CreateQueue, GetQueueUrl, GetQueueAttributes, SendMessage(Batch),
-// ReceiveMessage, DeleteMessage(Batch), ChangeMessageVisibility(Batch) and
-// PurgeQueue. Behaviour follows SQS where consumers depend on it:
+// Actions: CreateQueue, GetQueueAttributes, SendMessage(Batch), ReceiveMessage
+// and DeleteMessageBatch. Behaviour follows SQS where consumers depend on it:
 //
 //   - A received message stays invisible for the visibility timeout (the
 //     queue's, or the ReceiveMessage override) and then becomes receivable
@@ -19,20 +18,16 @@
 //     system attribute; it also keeps its receive count, which is this
 //     server's choice (SQS does not document it).
 //   - Long polling (WaitTimeSeconds) answers as soon as a message is
-//     receivable: sent, delay over, visibility expired or reset to 0.
-//   - DeleteMessage with a receipt handle from an earlier receive of a message
+//     receivable: sent, delay over or visibility expired.
+//   - Deleting with a receipt handle from an earlier receive of a message
 //     that has been received again succeeds but deletes nothing, as the
 //     DeleteMessage reference documents; deleting a message that is already
-//     gone succeeds too. ChangeMessageVisibility with such a handle, or on a
-//     message that is no longer in flight, answers InvalidParameterValue
-//     ("Message does not exist or is not available for visibility timeout
-//     change"), as SQS does.
+//     gone succeeds too.
 //   - MD5OfMessageBody/MD5OfBody and MD5OfMessageAttributes are computed as
 //     SQS computes them; the SDK checks the body digests.
 //   - Also as SQS: DelaySeconds, MessageRetentionPeriod (counted from the
-//     original send), the 12-hour limit on visibility extensions, one
-//     PurgeQueue per 60 s, the size, character and attribute rules for
-//     messages, and the request-wide rules for batches.
+//     original send), the size, character and attribute rules for messages,
+//     and the request-wide rules for batches.
 //   - Errors carry the modeled shape in "__type" and the legacy Query code in
 //     the x-amzn-query-error header, which the SDK (SQS is awsQuery
 //     compatible) uses as the error code: a missing queue comes back as
@@ -42,14 +37,17 @@
 // SDK clients of a Server should send through BufferedBodies, which keeps a
 // race in the SDK's HTTP handling from retrying requests.
 //
-// Left out: FIFO queues, message groups and deduplication, message system
-// attributes on send (AWSTraceHeader), list-valued message attributes (SQS
-// reserves them too), queue deletion, SetQueueAttributes, tags, policies,
-// encryption and message move tasks. Where SQS samples a subset of its
-// servers on a short poll and may return fewer messages than are available,
-// this server returns every receivable message up to MaxNumberOfMessages, in
-// the order they were sent, so tests are deterministic. Requests are not
-// authenticated.
+// Other actions answer InvalidAction. No caller in this module uses
+// GetQueueUrl (queues are named by the URL CreateQueue returns), PurgeQueue,
+// DeleteMessage (consumers delete in batches) or
+// ChangeMessageVisibility(Batch). Also left out: FIFO queues, message groups
+// and deduplication, message system attributes on send (AWSTraceHeader),
+// list-valued message attributes (SQS reserves them too), queue deletion,
+// SetQueueAttributes, tags, policies, encryption and message move tasks.
+// Where SQS samples a subset of its servers on a short poll and may return
+// fewer messages than are available, this server returns every receivable
+// message up to MaxNumberOfMessages, in the order they were sent, so tests
+// are deterministic. Requests are not authenticated.
 //
 // A Server is safe for concurrent use.
 package sqsserver
@@ -90,8 +88,8 @@ type Call struct {
 	callrecord.Call
 	Queue string // the queue the request named (the last path segment of a QueueUrl); "" when none or faulted
 	// Count is how many messages the call carried: the entries of a batch
-	// request, the messages of a ReceiveMessage answer, 1 for the other
-	// message actions, 0 for queue actions.
+	// request, the messages of a ReceiveMessage answer, 1 for SendMessage,
+	// 0 for queue actions.
 	Count int
 }
 
@@ -274,16 +272,15 @@ func (s *Server) queueByARN(arn string) (*queue, bool) {
 
 // queue is one standard queue.
 type queue struct {
-	name      string
-	attrs     queueAttributes
-	created   time.Time
-	lastPurge time.Time
+	name    string
+	attrs   queueAttributes
+	created time.Time
 
 	msgs []*message          // in send order; deleted ones linger until compact
 	byID map[string]*message // live messages only
 	// changed is closed (and replaced) whenever a message may have become
-	// receivable without a timer a waiter could have set: a send, a
-	// visibility reset, a move from another queue.
+	// receivable without a timer a waiter could have set: a send or a move
+	// from another queue.
 	changed chan struct{}
 }
 
@@ -373,10 +370,6 @@ const (
 	delayed
 )
 
-// maxVisibility is SQS's limit on a message's total invisibility after one
-// receive, ChangeMessageVisibility extensions included: 12 hours.
-const maxVisibility = maxVisibilitySeconds * time.Second
-
 // message is one message. Its state follows from availableAt and
 // receiveCount alone, so visibility needs no timers: before availableAt a
 // message that was never received is delayed, one that was is in flight;
@@ -393,8 +386,7 @@ type message struct {
 	availableAt    time.Time
 	receiveCount   int
 	firstReceiveAt time.Time
-	receivedAt     time.Time // start of the current in-flight period
-	handle         string    // receipt handle of the latest receive
+	handle         string // receipt handle of the latest receive
 	deleted        bool
 }
 
@@ -416,21 +408,9 @@ func (m *message) receive(queueName string, now time.Time, visibility time.Durat
 	if m.receiveCount == 1 {
 		m.firstReceiveAt = now
 	}
-	m.receivedAt = now
 	m.availableAt = now.Add(visibility)
 	m.handle = newHandle(queueName, m.id)
 	return m.handle
-}
-
-// setVisibility implements ChangeMessageVisibility for the message: the
-// new timeout runs from now, and is refused (false) when it would keep the
-// message invisible for more than 12 hours after its receive.
-func (m *message) setVisibility(now time.Time, timeout time.Duration) bool {
-	if now.Add(timeout).After(m.receivedAt.Add(maxVisibility)) {
-		return false
-	}
-	m.availableAt = now.Add(timeout)
-	return true
 }
 
 // A receipt handle names the queue and message it was issued for, plus

@@ -73,6 +73,20 @@ func receiveCount(t *testing.T, m types.Message) int {
 	return n
 }
 
+// deleteBatch deletes msgs in one DeleteMessageBatch, the way consumers
+// delete, and fails on an entry the server refuses.
+func deleteBatch(ctx context.Context, client *sqs.Client, url string, msgs ...types.Message) error {
+	var entries []types.DeleteMessageBatchRequestEntry
+	for i, m := range msgs {
+		entries = append(entries, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle})
+	}
+	out, err := client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &url, Entries: entries})
+	if err == nil && len(out.Failed) > 0 {
+		err = fmt.Errorf("DeleteMessageBatch refused %+v", out.Failed)
+	}
+	return err
+}
+
 func TestSendReceiveDelete(t *testing.T) {
 	ctx := context.Background()
 	client, srv := newClient(t)
@@ -114,7 +128,7 @@ func TestSendReceiveDelete(t *testing.T) {
 		t.Fatalf("an in-flight message was received again")
 	}
 
-	if _, err := client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: m.ReceiptHandle}); err != nil {
+	if err := deleteBatch(ctx, client, url, m); err != nil {
 		t.Fatal(err)
 	}
 	attrs, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: &url, AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll}})
@@ -138,7 +152,7 @@ func TestSendReceiveDelete(t *testing.T) {
 		t.Errorf("RedrivePolicy reported for a queue without one")
 	}
 
-	for action, want := range map[string]int{"CreateQueue": 1, "SendMessage": 1, "ReceiveMessage": 2, "DeleteMessage": 1, "GetQueueAttributes": 1} {
+	for action, want := range map[string]int{"CreateQueue": 1, "SendMessage": 1, "ReceiveMessage": 2, "DeleteMessageBatch": 1, "GetQueueAttributes": 1} {
 		if got := srv.CallCount(action); got != want {
 			t.Errorf("%s calls = %d, want %d", action, got, want)
 		}
@@ -196,7 +210,7 @@ func TestMessageAttributeDigests(t *testing.T) {
 		if len(msgs[0].MessageAttributes) != len(tc.attrs) {
 			t.Errorf("received attributes %v, want %v", msgs[0].MessageAttributes, keys(tc.attrs))
 		}
-		if _, err := client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: msgs[0].ReceiptHandle}); err != nil {
+		if err := deleteBatch(ctx, client, url, msgs[0]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -269,18 +283,7 @@ func TestBatchOperations(t *testing.T) {
 		}
 	}
 
-	// Two back to visible at once, three deleted, one bad handle.
-	vis, err := client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: &url, Entries: []types.ChangeMessageVisibilityBatchRequestEntry{
-		{Id: aws.String("a"), ReceiptHandle: msgs[0].ReceiptHandle, VisibilityTimeout: 0},
-		{Id: aws.String("b"), ReceiptHandle: msgs[1].ReceiptHandle, VisibilityTimeout: 0},
-		{Id: aws.String("c"), ReceiptHandle: aws.String("not-a-handle"), VisibilityTimeout: 0},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(vis.Successful) != 2 || len(vis.Failed) != 1 || aws.ToString(vis.Failed[0].Code) != "ReceiptHandleIsInvalid" {
-		t.Fatalf("ChangeMessageVisibilityBatch = %+v / %+v", vis.Successful, vis.Failed)
-	}
+	// Three deleted, one bad handle.
 	del, err := client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &url, Entries: []types.DeleteMessageBatchRequestEntry{
 		{Id: aws.String("x"), ReceiptHandle: msgs[2].ReceiptHandle},
 		{Id: aws.String("y"), ReceiptHandle: msgs[3].ReceiptHandle},
@@ -290,11 +293,12 @@ func TestBatchOperations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(del.Successful) != 3 || len(del.Failed) != 1 || aws.ToString(del.Failed[0].Id) != "bad" {
+	if len(del.Successful) != 3 || len(del.Failed) != 1 || aws.ToString(del.Failed[0].Id) != "bad" ||
+		aws.ToString(del.Failed[0].Code) != "ReceiptHandleIsInvalid" || !del.Failed[0].SenderFault {
 		t.Fatalf("DeleteMessageBatch = %+v / %+v", del.Successful, del.Failed)
 	}
-	if d := depth(t, srv, "batch"); d != (sqsserver.Depth{Visible: 2, InFlight: 4}) {
-		t.Fatalf("depth = %+v, want 2 visible and 4 in flight", d)
+	if d := depth(t, srv, "batch"); d != (sqsserver.Depth{InFlight: 6}) {
+		t.Fatalf("depth = %+v, want 6 in flight", d)
 	}
 
 	// Request-wide rules.
@@ -331,7 +335,7 @@ func TestBatchOperations(t *testing.T) {
 	if !errors.As(err, &longErr) {
 		t.Errorf("1.2 MB batch: %v, want BatchRequestTooLong", err)
 	}
-	if d := depth(t, srv, "batch"); d != (sqsserver.Depth{Visible: 2, InFlight: 4}) {
+	if d := depth(t, srv, "batch"); d != (sqsserver.Depth{InFlight: 6}) {
 		t.Fatalf("refused batches changed the queue: %+v", d)
 	}
 }
@@ -363,44 +367,32 @@ func TestVisibilityTimeoutAndRedelivery(t *testing.T) {
 		t.Error("ApproximateFirstReceiveTimestamp changed on redelivery")
 	}
 
-	// The stale handle: ChangeMessageVisibility refuses it, DeleteMessage
-	// accepts it and deletes nothing (DeleteMessage reference).
-	_, err := client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: &url, ReceiptHandle: first[0].ReceiptHandle, VisibilityTimeout: 0})
-	if code := callrecord.APIErrorCode(t, err); code != "InvalidParameterValue" || !strings.Contains(err.Error(), "not available for visibility timeout change") {
-		t.Errorf("change with a stale handle: %v", err)
-	}
-	if _, err := client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: first[0].ReceiptHandle}); err != nil {
+	// The stale handle is accepted and deletes nothing (DeleteMessage
+	// reference).
+	if err := deleteBatch(ctx, client, url, first[0]); err != nil {
 		t.Fatalf("delete with a stale handle: %v", err)
 	}
 	if d := depth(t, srv, "vis"); d != (sqsserver.Depth{InFlight: 1}) {
 		t.Fatalf("a stale handle deleted the message: %+v", d)
 	}
 
-	// VisibilityTimeout 0 makes it receivable at once; a receive may
-	// override the queue's timeout.
-	if _, err := client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: &url, ReceiptHandle: second[0].ReceiptHandle, VisibilityTimeout: 0}); err != nil {
-		t.Fatal(err)
-	}
-	third := receive(t, client, &sqs.ReceiveMessageInput{QueueUrl: &url, VisibilityTimeout: 600})
+	// A receive may override the queue's timeout.
+	third := receive(t, client, &sqs.ReceiveMessageInput{QueueUrl: &url, VisibilityTimeout: 600, WaitTimeSeconds: 5})
 	if len(third) != 1 || receiveCount(t, third[0]) != 3 {
 		t.Fatalf("third receive: %+v", third)
 	}
 	if none := receive(t, client, &sqs.ReceiveMessageInput{QueueUrl: &url, WaitTimeSeconds: 2}); len(none) != 0 {
 		t.Fatal("the 600 s receive override did not hold past the queue's 1 s")
 	}
-	if _, err := client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: third[0].ReceiptHandle}); err != nil {
+	if err := deleteBatch(ctx, client, url, third[0]); err != nil {
 		t.Fatal(err)
 	}
 	if d := depth(t, srv, "vis"); d != (sqsserver.Depth{}) {
 		t.Fatalf("depth after delete = %+v", d)
 	}
-	// Deleting again, and changing a deleted message, as SQS answers.
-	if _, err := client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: third[0].ReceiptHandle}); err != nil {
+	// Deleting again succeeds, as SQS answers.
+	if err := deleteBatch(ctx, client, url, third[0]); err != nil {
 		t.Errorf("second delete: %v", err)
-	}
-	_, err = client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: &url, ReceiptHandle: third[0].ReceiptHandle, VisibilityTimeout: 5})
-	if code := callrecord.APIErrorCode(t, err); code != "InvalidParameterValue" {
-		t.Errorf("change on a deleted message: %v", err)
 	}
 }
 
@@ -530,10 +522,10 @@ func TestErrorMapping(t *testing.T) {
 	url := createQueue(t, client, "errs", map[string]string{"VisibilityTimeout": "45"})
 	missing := strings.Replace(url, "/errs", "/nope", 1)
 
-	_, err := client.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String("nope")})
+	_, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: &missing})
 	var noQueue *types.QueueDoesNotExist
 	if !errors.As(err, &noQueue) {
-		t.Fatalf("GetQueueUrl of a missing queue: %T %v", err, err)
+		t.Fatalf("GetQueueAttributes of a missing queue: %T %v", err, err)
 	}
 	// The SDK reports the awsQuery code SQS sends in x-amzn-query-error.
 	if noQueue.ErrorCode() != "AWS.SimpleQueueService.NonExistentQueue" || noQueue.ErrorMessage() != "The specified queue does not exist." {
@@ -579,13 +571,6 @@ func TestErrorMapping(t *testing.T) {
 		"n": {DataType: aws.String("Number"), StringValue: aws.String("one")},
 	}})
 	check("non-numeric Number attribute", err, nil, "InvalidParameterValue")
-	_, err = client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: aws.String("garbage")})
-	check("malformed receipt handle", err, new(*types.ReceiptHandleIsInvalid), "ReceiptHandleIsInvalid")
-	if _, err := client.PurgeQueue(ctx, &sqs.PurgeQueueInput{QueueUrl: &url}); err != nil {
-		t.Fatal(err)
-	}
-	_, err = client.PurgeQueue(ctx, &sqs.PurgeQueueInput{QueueUrl: &url})
-	check("second purge within 60 s", err, new(*types.PurgeQueueInProgress), "AWS.SimpleQueueService.PurgeQueueInProgress")
 
 	// The same attributes again, or none, return the existing queue.
 	for _, attrs := range []map[string]string{{"VisibilityTimeout": "45"}, nil} {
@@ -593,35 +578,6 @@ func TestErrorMapping(t *testing.T) {
 		if err != nil || aws.ToString(again.QueueUrl) != url {
 			t.Errorf("idempotent CreateQueue %v: %v %v", attrs, again, err)
 		}
-	}
-	got, err := client.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String("errs")})
-	if err != nil || aws.ToString(got.QueueUrl) != url {
-		t.Errorf("GetQueueUrl = %v, %v", got, err)
-	}
-}
-
-func TestPurgeQueue(t *testing.T) {
-	ctx := context.Background()
-	client, srv := newClient(t)
-	url := createQueue(t, client, "purge", nil)
-	for i := range 3 {
-		if _, err := client.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: &url, MessageBody: aws.String(strconv.Itoa(i))}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	msgs := receive(t, client, &sqs.ReceiveMessageInput{QueueUrl: &url})
-	if d := depth(t, srv, "purge"); d != (sqsserver.Depth{Visible: 2, InFlight: 1}) {
-		t.Fatalf("depth = %+v", d)
-	}
-	if _, err := client.PurgeQueue(ctx, &sqs.PurgeQueueInput{QueueUrl: &url}); err != nil {
-		t.Fatal(err)
-	}
-	if d := depth(t, srv, "purge"); d != (sqsserver.Depth{}) {
-		t.Fatalf("depth after purge = %+v", d)
-	}
-	// The purged in-flight message's handle deletes nothing and succeeds.
-	if _, err := client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: msgs[0].ReceiptHandle}); err != nil {
-		t.Errorf("delete after purge: %v", err)
 	}
 }
 
@@ -697,13 +653,16 @@ func TestConcurrentUse(t *testing.T) {
 					t.Error(err)
 					return
 				}
+				if len(out.Messages) == 0 {
+					continue
+				}
+				mu.Lock()
 				for _, m := range out.Messages {
-					mu.Lock()
 					seen[aws.ToString(m.Body)]++
-					mu.Unlock()
-					if _, err := client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: m.ReceiptHandle}); err != nil {
-						t.Error(err)
-					}
+				}
+				mu.Unlock()
+				if err := deleteBatch(ctx, client, url, out.Messages...); err != nil {
+					t.Error(err)
 				}
 			}
 		})
