@@ -59,7 +59,6 @@ type Line struct {
 }
 
 var (
-	uidPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	// containerIDPattern: a runtime's id with an optional scheme
 	// ("docker://" and 64 hex digits), in MaxContainerIDBytes.
 	containerIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:/-]*$`)
@@ -188,7 +187,7 @@ func (l Line) Validate() error {
 }
 
 func isUID(s string) []string {
-	if !uidPattern.MatchString(s) {
+	if !model.ValidUID(s) {
 		return []string{"not a UUID"}
 	}
 	return nil

@@ -76,7 +76,14 @@ func (o Outcome) Key() string {
 // Terminal reports whether the outcome ends the Pod.
 func (o Outcome) Terminal() bool { return o.Exit == nil || o.Exit.Terminal() }
 
-var instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
+var (
+	instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
+	uuidPattern       = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+)
+
+// ValidUID reports whether uid has the shape of a Kubernetes object's UID,
+// a UUID.
+func ValidUID(uid string) bool { return uuidPattern.MatchString(uid) }
 
 // ValidInstanceID reports whether id has the shape of an EC2 instance id:
 // "i-" and 8 to 17 hexadecimal digits.

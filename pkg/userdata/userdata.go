@@ -27,6 +27,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
@@ -300,8 +302,6 @@ func stripComments(s string) string {
 }
 
 var (
-	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	uidPattern   = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	logGroupName = regexp.MustCompile(`^[A-Za-z0-9._/#-]{1,512}$`)
 	plainPath    = regexp.MustCompile(`^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$`)
 	cliName      = regexp.MustCompile(`^[A-Za-z0-9._/-]+$`)
@@ -310,19 +310,11 @@ var (
 	kubeUID = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 )
 
-func validLabel(s string) bool { return len(s) <= 63 && dnsLabel.MatchString(s) }
+// The Pod's names are checked as the apiserver checks them, and as the
+// exit line's are (package exitline).
+func validLabel(s string) bool { return len(validation.IsDNS1123Label(s)) == 0 }
 
-func validSubdomain(s string) bool {
-	if s == "" || len(s) > 253 {
-		return false
-	}
-	for _, l := range strings.Split(s, ".") {
-		if !validLabel(l) {
-			return false
-		}
-	}
-	return true
-}
+func validSubdomain(s string) bool { return len(validation.IsDNS1123Subdomain(s)) == 0 }
 
 // text checks a free-form value: UTF-8 without NUL (the shell cannot carry NUL).
 func text(what, s string) error {
@@ -344,7 +336,7 @@ func (p Pod) Validate() error {
 	if !validSubdomain(p.Name) {
 		errs = append(errs, fmt.Errorf("name %q is not a DNS subdomain", p.Name))
 	}
-	if !uidPattern.MatchString(p.UID) {
+	if !model.ValidUID(p.UID) {
 		errs = append(errs, fmt.Errorf("uid %q is not a UUID", p.UID))
 	}
 	if !validLabel(p.Container) {
