@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/app"
 	"github.com/reaper-k8s/reaper/pkg/instances"
@@ -245,7 +245,7 @@ func (w *world) baseline(ctx context.Context, n int, scale float64) (*baselineRe
 		id := fmt.Sprintf("i-0ba5e%06x%06x", seq, i)
 		res.ids[i] = id
 		w.lab.AddTaggedInstance(id, map[string]string{
-			keys.Managed: "true", keys.Cluster: localstack.Cluster,
+			keys.Managed: "true", keys.Cluster: labstack.Cluster,
 			keys.PodNamespace: "baseline", keys.PodName: fmt.Sprintf("exit-%05d", i), keys.PodUID: fmt.Sprintf("uid-%05d", i),
 		})
 	}
@@ -264,7 +264,7 @@ func (w *world) baseline(ctx context.Context, n int, scale float64) (*baselineRe
 		if err != nil {
 			return nil, err
 		}
-		fleet := instances.NewFleet(ec2.NewFromConfig(awsCfg), keys, localstack.Cluster)
+		fleet := instances.NewFleet(ec2.NewFromConfig(awsCfg), keys, labstack.Cluster)
 		wg.Go(func() {
 			for id := range next {
 				for {

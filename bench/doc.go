@@ -1,5 +1,5 @@
 // Package bench measures Reaper's exit path against the local stack
-// (internal/localstack): a burst of exits through the production
+// (internal/labstack): a burst of exits through the production
 // bootstraps under the Lambda runtime interface emulator with EC2's token
 // buckets on, next to the one-call-per-exit baseline; the exitrecorder's
 // and the reconciler's handlers in-process, as their mains wire them, with

@@ -13,7 +13,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/internal/sqsserver"
 )
 
@@ -88,7 +88,7 @@ func (w *world) receive(ctx context.Context, n, size int) ([]events.SQSEvent, er
 		for i, m := range out.Messages {
 			recs = append(recs, events.SQSMessage{
 				MessageId: aws.ToString(m.MessageId), ReceiptHandle: aws.ToString(m.ReceiptHandle), Body: aws.ToString(m.Body),
-				Attributes: m.Attributes, EventSource: "aws:sqs", EventSourceARN: arn, AWSRegion: localstack.Region,
+				Attributes: m.Attributes, EventSource: "aws:sqs", EventSourceARN: arn, AWSRegion: labstack.Region,
 			})
 			done = append(done, sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle})
 		}

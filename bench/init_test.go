@@ -20,7 +20,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/app"
 	"github.com/reaper-k8s/reaper/pkg/app/reaperapp"
@@ -209,7 +209,7 @@ type coldStart struct {
 // startCold starts a fresh emulator and bootstrap, invokes it once and
 // returns the emulator's init duration and the bootstrap's memory.
 func startCold(ctx context.Context, fn function, env []string) (coldStart, error) {
-	f, err := localstack.StartFunction(ctx, fn.bin, append(slices.Clone(env), fn.env...))
+	f, err := labstack.StartFunction(ctx, fn.bin, append(slices.Clone(env), fn.env...))
 	if err != nil {
 		return coldStart{}, err
 	}
@@ -383,7 +383,7 @@ func BenchmarkEmulator(b *testing.B) {
 			b.Fatal(err)
 		}
 		_ = waitQuiet(b)
-		f, err := localstack.StartFunction(ctx, bin, append(w.lambdaEnv(), "GODEBUG=gctrace=1"))
+		f, err := labstack.StartFunction(ctx, bin, append(w.lambdaEnv(), "GODEBUG=gctrace=1"))
 		if err != nil {
 			b.Fatal(err)
 		}

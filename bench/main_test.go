@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/app"
 	"github.com/reaper-k8s/reaper/pkg/app/reaperapp"
@@ -31,7 +31,7 @@ const unpaced = "describe=1000000/1000000,terminate=1000000/1000000,terminate-in
 // world is the stack every benchmark shares: started once, on first use,
 // and stopped by TestMain.
 type world struct {
-	stack *localstack.Stack
+	stack *labstack.Stack
 	// lab holds the ledger table and the work queue of the in-process
 	// functions; it runs no function itself.
 	lab *replay.Lab
@@ -82,7 +82,7 @@ func startWorld() (*world, error) {
 	if err != nil {
 		return nil, err
 	}
-	stack, err := localstack.Start(ctx, localstack.Options{})
+	stack, err := labstack.Start(ctx, labstack.Options{})
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 )
 
 // clockTick is the unit of /proc CPU times (USER_HZ, 100 on Linux).
@@ -32,7 +32,7 @@ func sampleCPU() cpuSample {
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		s.by["bench"] = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
-	for _, pid := range localstack.ChildPIDs(os.Getpid()) {
+	for _, pid := range labstack.ChildPIDs(os.Getpid()) {
 		comm, cpu, ok := procCPU(pid)
 		if !ok {
 			continue

@@ -144,9 +144,17 @@ func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool) {
 		}
 	}
 	refusals, providerRefusals := sum(res.Refused), sum(res.ProviderRefused)
-	var deferred int
+	// Each batch describes the instances it must check in calls of up to
+	// 200 ids: the DescribeInstances a burst costs is the sum over its
+	// batches, so it grows with the number of batches that check anything.
+	var deferred, looking, lookups, pages int
 	for _, c := range res.Batches {
 		deferred += c.Deferred
+		if c.Lookups > 0 {
+			looking++
+			lookups += c.Lookups
+			pages += (c.Lookups + 199) / 200
+		}
 	}
 
 	b.ReportMetric(float64(len(res.WrongPods)), "wrong-pods")
@@ -175,6 +183,7 @@ func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool) {
 	}
 	row("instances named in TerminateInstances", fmt.Sprintf("%d (%.1f%% of N)", res.TerminateNamed, 100*float64(res.TerminateNamed)/n))
 	row("Reaper's requests: DescribeInstances / TerminateInstances / CreateTags", fmt.Sprintf("%d / %d / %d", res.EC2["DescribeInstances"], res.EC2["TerminateInstances"], res.EC2["CreateTags"]))
+	row("reconciler batches that described instances / instances described / Σ⌈described/200⌉", fmt.Sprintf("%d / %d / %d", looking, lookups, pages))
 	row("the provider's DescribeInstances requests", fmt.Sprint(res.ProviderEC2["DescribeInstances"]))
 	row("the provider's DynamoDB requests (ledger reads)", fmt.Sprint(res.ProviderDynamo))
 	row("requests refused (RequestLimitExceeded): Reaper's / the provider's", fmt.Sprintf("%d %v / %d %v", refusals, res.Refused, providerRefusals, res.ProviderRefused))

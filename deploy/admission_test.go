@@ -31,7 +31,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
@@ -59,7 +59,7 @@ const (
 // Every identity that may write gets the same refusals.
 func TestAdmissionPolicy(t *testing.T) {
 	ctx := t.Context()
-	stack := localstack.MustStart(t, localstack.Options{Parts: localstack.Kube})
+	stack := labstack.MustStart(t, labstack.Options{Parts: labstack.Kube})
 	admin := stack.Kube
 	objs := append(decodeFile(t, "rbac.yaml"), decodeFile(t, "admission.yaml")...)
 	for _, obj := range objs {
@@ -248,7 +248,7 @@ func newIdentity(t *testing.T, config *rest.Config) identity {
 
 // subjectIdentity returns credentials for one subject of rbac.yaml's
 // binding.
-func subjectIdentity(t *testing.T, stack *localstack.Stack, s rbacv1.Subject) identity {
+func subjectIdentity(t *testing.T, stack *labstack.Stack, s rbacv1.Subject) identity {
 	t.Helper()
 	switch {
 	case s.Kind == rbacv1.GroupKind && s.Name == "reaper":
@@ -275,7 +275,7 @@ func subjectIdentity(t *testing.T, stack *localstack.Stack, s rbacv1.Subject) id
 
 // serviceAccountConfig returns a client configuration with a token of the
 // ServiceAccount from the TokenRequest API, as a kubeconfig would carry.
-func serviceAccountConfig(t *testing.T, stack *localstack.Stack, namespace, name string) *rest.Config {
+func serviceAccountConfig(t *testing.T, stack *labstack.Stack, namespace, name string) *rest.Config {
 	t.Helper()
 	tr, err := stack.Kube.CoreV1().ServiceAccounts(namespace).CreateToken(t.Context(), name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {

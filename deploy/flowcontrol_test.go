@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 )
 
 // TestFlowControl applies rbac.yaml and flowcontrol.yaml to a real
@@ -23,7 +23,7 @@ import (
 // level: the apiserver names both in every response's headers.
 func TestFlowControl(t *testing.T) {
 	ctx := t.Context()
-	stack := localstack.MustStart(t, localstack.Options{Parts: localstack.Kube})
+	stack := labstack.MustStart(t, labstack.Options{Parts: labstack.Kube})
 	admin := stack.Kube
 	for _, obj := range append(decodeFile(t, "rbac.yaml"), decodeFile(t, "flowcontrol.yaml")...) {
 		create(t, admin, obj)

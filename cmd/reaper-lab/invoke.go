@@ -19,7 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/reaper-k8s/reaper/internal/cli"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
@@ -105,7 +105,7 @@ func runInvoke(ctx context.Context, args []string) error {
 		return err
 	}
 	progress("starting the local stack (etcd, kube-apiserver, dynalite, EC2 and SQS test servers)")
-	stack, err := localstack.Start(ctx, localstack.Options{})
+	stack, err := labstack.Start(ctx, labstack.Options{})
 	if err != nil {
 		return err
 	}

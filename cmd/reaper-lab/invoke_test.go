@@ -16,7 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
@@ -33,7 +33,7 @@ func TestInvoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lab, stop, err := replay.StartLab(ctx, localstack.Options{}, invokeTable)
+	lab, stop, err := replay.StartLab(ctx, labstack.Options{}, invokeTable)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,13 +263,13 @@ func testKeepTime(ctx context.Context, t *testing.T, lab *replay.Lab, root strin
 // exist: the error is reported, with the function's log, and the rest
 // still shown.
 func testFunctionError(ctx context.Context, t *testing.T, lab *replay.Lab, root string) {
-	f, err := localstack.StartFunction(ctx, lab.Bootstraps["exitrecorder"], append(lab.Env, "REAPER_QUEUE_URL="+lab.QueueURL+"-no-such-queue"))
+	f, err := labstack.StartFunction(ctx, lab.Bootstraps["exitrecorder"], append(lab.Env, "REAPER_QUEUE_URL="+lab.QueueURL+"-no-such-queue"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Stop()
 	broken := *lab
-	broken.Functions = map[string]*localstack.Function{"exitrecorder": f}
+	broken.Functions = map[string]*labstack.Function{"exitrecorder": f}
 	raw, err := os.ReadFile(filepath.Join(root, "events", "exitrecorder", "exit-1.json"))
 	if err != nil {
 		t.Fatal(err)

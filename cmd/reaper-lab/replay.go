@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/reaper-k8s/reaper/internal/cli"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 )
 
@@ -36,7 +36,7 @@ func runReplay(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Println("building the functions and starting the local stack (etcd, kube-apiserver, dynalite, EC2 and SQS test servers)…")
-	lab, stop, err := replay.StartLab(ctx, localstack.Options{}, "reaper-ledger", "REAPER_EXIT_WAIT="+exitWait.String())
+	lab, stop, err := replay.StartLab(ctx, labstack.Options{}, "reaper-ledger", "REAPER_EXIT_WAIT="+exitWait.String())
 	if err != nil {
 		return err
 	}

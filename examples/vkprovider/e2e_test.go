@@ -22,7 +22,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/examples/vkprovider"
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/intake"
@@ -61,7 +61,7 @@ var (
 
 func TestMain(m *testing.M) {
 	env := []string{"REAPER_EXIT_WAIT=" + exitWait.String(), "REAPER_ORPHAN_GRACE=1m"}
-	stack := localstack.Options{Controllers: []string{"job-controller"}}
+	stack := labstack.Options{Controllers: []string{"job-controller"}}
 	replay.RunTests(10*time.Minute, stack, "reaper-ledger", env, func(ctx context.Context, l *replay.Lab) (int, error) {
 		lab = l
 		return run(ctx, m)
@@ -85,7 +85,7 @@ func run(ctx context.Context, m *testing.M) (int, error) {
 	provDone := make(chan error, 1)
 	go func() {
 		provDone <- vkprovider.Run(provCtx, vkprovider.Config{
-			NodeName: nodeName, Cluster: localstack.Cluster, Kube: lab.Stack.Kube, EC2: ec2Client, Ledger: lab.Ledger,
+			NodeName: nodeName, Cluster: labstack.Cluster, Kube: lab.Stack.Kube, EC2: ec2Client, Ledger: lab.Ledger,
 			ImageID: "ami-0123456789abcdef0", InstanceType: ec2types.InstanceTypeG5Xlarge, StatusSyncPeriod: syncPeriod,
 		})
 	}()

@@ -12,7 +12,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/examples/vkprovider"
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 )
 
@@ -33,7 +33,7 @@ func TestE2ENoRaceWithInstanceStateProvider(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- vkprovider.RunStatusFromInstance(provCtx, vkprovider.Config{
-			NodeName: raceNode, Cluster: localstack.Cluster, Kube: lab.Stack.Kube, EC2: ec2Client,
+			NodeName: raceNode, Cluster: labstack.Cluster, Kube: lab.Stack.Kube, EC2: ec2Client,
 			ImageID: "ami-0123456789abcdef0", InstanceType: ec2types.InstanceTypeG5Xlarge, StatusSyncPeriod: 5 * time.Millisecond,
 		})
 	}()

@@ -16,7 +16,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/examples/vkprovider"
 	"github.com/reaper-k8s/reaper/internal/kubeproxy"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 )
@@ -38,14 +38,14 @@ type Burst struct {
 	ec2 *ec2Recorder
 	// exitSenders and stateSenders deliver payloads, one invocation at a
 	// time each; the first of each is the lab's own.
-	exitSenders, stateSenders []*localstack.Function
+	exitSenders, stateSenders []*labstack.Function
 }
 
 // NewBurst creates the burst's lab on stack with a ledger table of its own
 // (so a queue of its own) from bootstraps, which must hold the
 // exitrecorder and the reconciler, and the statechange function for
 // StateChanges.
-func NewBurst(ctx context.Context, stack *localstack.Stack, table string, bootstraps map[string]string, opts BurstOptions) (*Burst, error) {
+func NewBurst(ctx context.Context, stack *labstack.Stack, table string, bootstraps map[string]string, opts BurstOptions) (*Burst, error) {
 	opts = opts.withDefaults()
 	if opts.Exits < 1 || opts.Scale <= 0 || opts.Share <= 0 || opts.Share > 1 {
 		return nil, fmt.Errorf("burst: %d exits, scale %v, share %v: want at least one exit, a positive scale and a share in (0, 1]", opts.Exits, opts.Scale, opts.Share)
@@ -94,10 +94,10 @@ func NewBurst(ctx context.Context, stack *localstack.Stack, table string, bootst
 		b.Stop()
 		return nil, err
 	}
-	start := func(name string) ([]*localstack.Function, error) {
-		fs := []*localstack.Function{b.Lab.Functions[name]}
+	start := func(name string) ([]*labstack.Function, error) {
+		fs := []*labstack.Function{b.Lab.Functions[name]}
 		for len(fs) < opts.Senders {
-			f, err := localstack.StartFunction(ctx, bins[name], b.Lab.Env)
+			f, err := labstack.StartFunction(ctx, bins[name], b.Lab.Env)
 			if err != nil {
 				return fs, err
 			}
@@ -119,7 +119,7 @@ func NewBurst(ctx context.Context, stack *localstack.Stack, table string, bootst
 // startKubeProxy starts the proxy the functions reach the apiserver
 // through, with the identity the lab's functions have (the stack's
 // administrator), and returns the path of their kubeconfig.
-func (b *Burst) startKubeProxy(stack *localstack.Stack) (string, error) {
+func (b *Burst) startKubeProxy(stack *labstack.Stack) (string, error) {
 	var err error
 	if b.Kube, err = kubeproxy.Start(stack.RESTConfig()); err != nil {
 		return "", err
@@ -135,7 +135,7 @@ func (b *Burst) startKubeProxy(stack *localstack.Stack) (string, error) {
 
 // Stop stops the lab and the extra senders.
 func (b *Burst) Stop() {
-	for _, fs := range [][]*localstack.Function{b.exitSenders, b.stateSenders} {
+	for _, fs := range [][]*labstack.Function{b.exitSenders, b.stateSenders} {
 		for _, f := range fs[min(1, len(fs)):] {
 			f.Stop()
 		}
@@ -325,7 +325,7 @@ func (b *Burst) deliver(ctx context.Context, res *BurstResult, exits []Exit, del
 }
 
 // invokeExpect invokes f and checks its decoded response with ok.
-func invokeExpect[T any](ctx context.Context, f *localstack.Function, payload []byte, ok func(T) bool) error {
+func invokeExpect[T any](ctx context.Context, f *labstack.Function, payload []byte, ok func(T) bool) error {
 	resp, fnErr, err := f.Invoke(ctx, payload)
 	if err == nil && fnErr != nil {
 		err = fnErr

@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
@@ -40,7 +40,7 @@ func TestDryRunDecidesAsTheRealRun(t *testing.T) {
 	start := time.Now().Truncate(time.Second)
 	clock.Store(start.UnixNano())
 	wire := func(dry bool, d *decisions) *reaper.Reaper {
-		_, core := newPropCore(t, propCore{table: table, ec2: lab.Stack.EC2, cluster: localstack.Cluster, clock: &clock,
+		_, core := newPropCore(t, propCore{table: table, ec2: lab.Stack.EC2, cluster: labstack.Cluster, clock: &clock,
 			queue: &memQueue{}, dryRun: dry})
 		core.Ledger, core.Pods, core.Fleet = recordingLedger{core.Ledger, d}, recordingPods{core.Pods, d}, recordingFleet{core.Fleet, d}
 		return core

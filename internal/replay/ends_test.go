@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
@@ -199,7 +199,7 @@ func TestSweepDuringAPIOutage(t *testing.T) {
 	// The sweep hands the Pod's end to the reconciler, whose Pod write
 	// fails until the apiserver is back; the queue brings it back.
 	var sum reaper.SweepSummary
-	if err := lab.InvokeOnly(t.Context(), "sweeper", sc.Payloads("sweeper")[0], &sum); err != nil && !errors.As(err, new(*localstack.FunctionError)) {
+	if err := lab.InvokeOnly(t.Context(), "sweeper", sc.Payloads("sweeper")[0], &sum); err != nil && !errors.As(err, new(*labstack.FunctionError)) {
 		t.Fatalf("sweep with the apiserver down: %v", err)
 	}
 	time.Sleep(time.Second)

@@ -19,7 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
@@ -99,7 +99,7 @@ func BareContainerID(pod *corev1.Pod) string {
 // as the provider tags it for the stack's cluster (managed=false leaves the
 // managed tag off).
 func (l *Lab) AddInstance(id string, pod *corev1.Pod, managed bool) {
-	l.AddTaggedInstance(id, l.InstanceTags(pod, managed, localstack.Cluster))
+	l.AddTaggedInstance(id, l.InstanceTags(pod, managed, labstack.Cluster))
 }
 
 // AddTaggedInstance puts a running instance with these tags on the EC2 test
@@ -321,8 +321,8 @@ func StateChangeEvent(eventID, instanceID, state string, at time.Time) events.Cl
 	detail, _ := json.Marshal(map[string]string{"instance-id": instanceID, "state": state})
 	return events.CloudWatchEvent{
 		Version: "0", ID: eventID, DetailType: model.StateChangeDetailType, Source: model.StateChangeSource,
-		AccountID: Account, Time: at, Region: localstack.Region,
-		Resources: []string{"arn:aws:ec2:" + localstack.Region + ":" + Account + ":instance/" + instanceID},
+		AccountID: Account, Time: at, Region: labstack.Region,
+		Resources: []string{"arn:aws:ec2:" + labstack.Region + ":" + Account + ":instance/" + instanceID},
 		Detail:    detail,
 	}
 }
@@ -348,7 +348,7 @@ func ExitLogsEvent(id string, pod *corev1.Pod, l exitline.Line, seq int) (events
 		return events.CloudwatchLogsEvent{}, err
 	}
 	return exitline.Encode(events.CloudwatchLogsData{
-		Owner: Account, LogGroup: model.DefaultLogGroup(localstack.Cluster), LogStream: id,
+		Owner: Account, LogGroup: model.DefaultLogGroup(labstack.Cluster), LogStream: id,
 		SubscriptionFilters: []string{"reaper-exits"}, MessageType: "DATA_MESSAGE",
 		LogEvents: []events.CloudwatchLogsLogEvent{{
 			ID: fmt.Sprintf("3808%032d", seq), Timestamp: l.FinishedAt.UnixMilli(), Message: string(msg),

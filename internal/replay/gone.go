@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 )
 
 // goneSet is the burst's instances seen gone so far, for the progress
@@ -32,7 +32,7 @@ const tailPoll = 50 * time.Millisecond
 // terminatedSince calls fn with each burst instance a call from index from
 // on of the server's terminated (ec2server.Call.Terminated), and returns
 // the index to read from next.
-func terminatedSince(stack *localstack.Stack, from int, byInstance map[string]int, fn func(id string)) int {
+func terminatedSince(stack *labstack.Stack, from int, byInstance map[string]int, fn func(id string)) int {
 	calls := stack.EC2.Calls()
 	for _, c := range calls[min(from, len(calls)):] {
 		for _, id := range c.Terminated() {
@@ -46,7 +46,7 @@ func terminatedSince(stack *localstack.Stack, from int, byInstance map[string]in
 
 // countGone adds the burst instances terminated so far to gone, for the
 // progress indicator, until stop is closed.
-func countGone(stop <-chan struct{}, stack *localstack.Stack, from int, byInstance map[string]int, gone *goneSet) {
+func countGone(stop <-chan struct{}, stack *labstack.Stack, from int, byInstance map[string]int, gone *goneSet) {
 	tick := time.NewTicker(tailPoll)
 	defer tick.Stop()
 	for {

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
@@ -144,7 +144,7 @@ func TestProtectedInstanceCostsItselfOnly(t *testing.T) {
 		}
 		ids[i] = hostileInstance(0xf03, i)
 		lab.Stack.EC2.AddInstance(ec2server.Instance{ID: ids[i], State: ec2server.Running, LaunchTime: time.Now().Add(-time.Hour),
-			Tags: lab.InstanceTags(pod, true, localstack.Cluster), DisableAPITermination: i == 15})
+			Tags: lab.InstanceTags(pod, true, labstack.Cluster), DisableAPITermination: i == 15})
 		payloads = append(payloads, exitPayload(t, ids[i], line(t, ids[i], pod, 0, 0)))
 	}
 	// Queued together, so that batches hold the protected instance with
@@ -236,7 +236,7 @@ func orphanedFleet(t *testing.T, ns string, prefix uint64, n int, identity strin
 			t.Fatal(err)
 		}
 		ids[i] = hostileInstance(prefix, i)
-		tags := lab.InstanceTags(pod, true, localstack.Cluster)
+		tags := lab.InstanceTags(pod, true, labstack.Cluster)
 		tags[model.DefaultTagClusterUID] = identity
 		lab.AddTaggedInstance(ids[i], tags)
 		if err := lab.DeletePod(ctx, ns, pod.Name); err != nil {

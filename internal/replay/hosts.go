@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/userdata"
 )
@@ -144,7 +144,7 @@ type hostRun struct {
 	loopDone chan struct{}
 }
 
-func newHostRun(ctx context.Context, stack *localstack.Stack, h Hosts, pods []BurstPod, states *stateSender, gone *goneSet) *hostRun {
+func newHostRun(ctx context.Context, stack *labstack.Stack, h Hosts, pods []BurstPod, states *stateSender, gone *goneSet) *hostRun {
 	r := &hostRun{ec2: stack.EC2, plan: h.plan(len(pods)), pods: pods, shutdown: h.ShutdownTime, states: states, gone: gone,
 		tagKey: h.AfterPodWritten, tagWait: h.TagWaitMax, waiting: map[int]time.Time{}, loopDone: make(chan struct{})}
 	r.ctx, r.cancel = context.WithCancel(ctx)

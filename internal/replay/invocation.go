@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
 )
 
@@ -17,7 +17,7 @@ type Invocation struct {
 	Payload  []byte
 	Response []byte
 	// Err is the function's error, if it returned one.
-	Err      *localstack.FunctionError
+	Err      *labstack.FunctionError
 	Duration time.Duration
 	// Drain is how long the reconciler took, after the call, to clear the
 	// work queue of what had been sent to it.
@@ -54,7 +54,7 @@ func (l *Lab) InvokeEvent(ctx context.Context, fn string, event []byte, opts See
 
 	inv := &Invocation{Function: fn, Payload: payload}
 	logStart := len(f.Logs())
-	reconcilerStart := map[*localstack.Function]int{}
+	reconcilerStart := map[*labstack.Function]int{}
 	for _, r := range l.Reconcilers {
 		if r != f {
 			reconcilerStart[r] = len(r.Logs())

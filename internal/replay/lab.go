@@ -25,7 +25,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
 	"github.com/reaper-k8s/reaper/internal/esm"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
@@ -110,10 +110,10 @@ func ModuleRoot() (string, error) {
 // functions running under the emulator, the reconciler behind an event
 // source mapping on the queue.
 type Lab struct {
-	Stack     *localstack.Stack
+	Stack     *labstack.Stack
 	Table     string
 	Ledger    *ledger.Table
-	Functions map[string]*localstack.Function
+	Functions map[string]*labstack.Function
 	// Bootstraps are the built functions, to start more with other knobs.
 	Bootstraps map[string]string
 	// Env is what the functions run with.
@@ -129,8 +129,8 @@ type Lab struct {
 	// Reconcilers are the reconciler's execution environments (the
 	// emulator runs one invocation at a time, so one per concurrent
 	// invocation); Functions["reconciler"] is the first.
-	Reconcilers []*localstack.Function
-	idle        chan *localstack.Function
+	Reconcilers []*labstack.Function
+	idle        chan *labstack.Function
 }
 
 // LabOptions shape a Lab beyond NewLab's defaults.
@@ -172,7 +172,7 @@ func (o LabOptions) withDefaults() LabOptions {
 // NewLab creates the ledger table and the work queue and starts each
 // bootstrap under the emulator with the stack's environment plus env
 // (REAPER_* knobs), with NewLabWith's defaults.
-func NewLab(ctx context.Context, stack *localstack.Stack, table string, bootstraps map[string]string, env ...string) (*Lab, error) {
+func NewLab(ctx context.Context, stack *labstack.Stack, table string, bootstraps map[string]string, env ...string) (*Lab, error) {
 	return NewLabWith(ctx, stack, table, bootstraps, LabOptions{Env: env})
 }
 
@@ -180,7 +180,7 @@ func NewLab(ctx context.Context, stack *localstack.Stack, table string, bootstra
 // builds Reaper's functions into a temporary directory, starts a local
 // stack with opts and a lab on it with table and env (NewLab). stop stops
 // the lab and the stack and removes the build.
-func StartLab(ctx context.Context, opts localstack.Options, table string, env ...string) (lab *Lab, stop func(), err error) {
+func StartLab(ctx context.Context, opts labstack.Options, table string, env ...string) (lab *Lab, stop func(), err error) {
 	root, err := ModuleRoot()
 	if err != nil {
 		return nil, nil, err
@@ -198,7 +198,7 @@ func StartLab(ctx context.Context, opts localstack.Options, table string, env ..
 	if err != nil {
 		return nil, nil, err
 	}
-	stack, err := localstack.Start(ctx, opts)
+	stack, err := labstack.Start(ctx, opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -218,7 +218,7 @@ func StartLab(ctx context.Context, opts localstack.Options, table string, env ..
 // package's tests (m.Run) with what else they need around them and returns
 // their code. It exits with that code, or with 1 and the error on stderr
 // when the lab or what tests sets up fails.
-func RunTests(timeout time.Duration, opts localstack.Options, table string, env []string, tests func(context.Context, *Lab) (int, error)) {
+func RunTests(timeout time.Duration, opts labstack.Options, table string, env []string, tests func(context.Context, *Lab) (int, error)) {
 	code, err := func() (int, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
@@ -238,7 +238,7 @@ func RunTests(timeout time.Duration, opts localstack.Options, table string, env 
 
 // NewLabWith is NewLab with options. A reconciler among the bootstraps
 // runs in opts.MaxConcurrency environments behind an event source mapping.
-func NewLabWith(ctx context.Context, stack *localstack.Stack, table string, bootstraps map[string]string, opts LabOptions) (*Lab, error) {
+func NewLabWith(ctx context.Context, stack *labstack.Stack, table string, bootstraps map[string]string, opts LabOptions) (*Lab, error) {
 	opts = opts.withDefaults()
 	awsCfg := stack.AWSConfig(ctx)
 	db := dynamodb.NewFromConfig(awsCfg)
@@ -246,7 +246,7 @@ func NewLabWith(ctx context.Context, stack *localstack.Stack, table string, boot
 		return nil, err
 	}
 	l := &Lab{
-		Stack: stack, Table: table, Ledger: ledger.New(db, table), Functions: map[string]*localstack.Function{},
+		Stack: stack, Table: table, Ledger: ledger.New(db, table), Functions: map[string]*labstack.Function{},
 		Bootstraps: bootstraps,
 	}
 	identity, err := stack.Kube.CoreV1().Namespaces().Get(ctx, kube.IdentityNamespace, metav1.GetOptions{})
@@ -266,7 +266,7 @@ func NewLabWith(ctx context.Context, stack *localstack.Stack, table string, boot
 			n = opts.MaxConcurrency
 		}
 		for range n {
-			f, err := localstack.StartFunction(ctx, bin, l.Env)
+			f, err := labstack.StartFunction(ctx, bin, l.Env)
 			if err != nil {
 				l.Stop()
 				return nil, err
@@ -282,7 +282,7 @@ func NewLabWith(ctx context.Context, stack *localstack.Stack, table string, boot
 	if len(l.Reconcilers) == 0 {
 		return l, nil
 	}
-	l.idle = make(chan *localstack.Function, len(l.Reconcilers))
+	l.idle = make(chan *labstack.Function, len(l.Reconcilers))
 	for _, f := range l.Reconcilers {
 		l.idle <- f
 	}
@@ -328,7 +328,7 @@ func createQueues(ctx context.Context, q *sqs.Client, name string, opts LabOptio
 
 // invokeReconciler runs one batch in an idle reconciler environment.
 func (l *Lab) invokeReconciler(ctx context.Context, payload []byte) ([]byte, error) {
-	var f *localstack.Function
+	var f *labstack.Function
 	select {
 	case f = <-l.idle:
 	case <-ctx.Done():
@@ -432,11 +432,11 @@ func (l *Lab) Play(ctx context.Context, st LiveStep, out any) error {
 
 // Invoke sends one event to a function, waits until the work it handed to
 // the queue is done (DrainSent), and decodes its response into out (when not
-// nil). A function error is returned as *localstack.FunctionError, after
+// nil). A function error is returned as *labstack.FunctionError, after
 // the drain: what the function queued before it failed is done too.
 func (l *Lab) Invoke(ctx context.Context, function string, payload []byte, out any) error {
 	err := l.InvokeOnly(ctx, function, payload, out)
-	var fnErr *localstack.FunctionError
+	var fnErr *labstack.FunctionError
 	if err != nil && !errors.As(err, &fnErr) {
 		return err
 	}

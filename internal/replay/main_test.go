@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 )
 
 // lab is shared by the tests of this package: one stack, one ledger table,
@@ -24,7 +24,7 @@ const recordingsDir = "../../testdata/replay"
 
 func TestMain(m *testing.M) {
 	env := []string{"REAPER_EXIT_WAIT=" + exitWait.String(), "REAPER_ORPHAN_GRACE=1m"}
-	RunTests(30*time.Minute, localstack.Options{}, "reaper-ledger", env, func(_ context.Context, l *Lab) (int, error) {
+	RunTests(30*time.Minute, labstack.Options{}, "reaper-ledger", env, func(_ context.Context, l *Lab) (int, error) {
 		lab = l
 		code := m.Run()
 		if code != 0 {

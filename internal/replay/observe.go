@@ -11,7 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/app/reaperapp"
 	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
@@ -112,7 +112,7 @@ func (l *Lab) Policy() (reaper.Policy, error) {
 // calls invocations, and every one that started there, have their REPORT
 // line, which the emulator writes after answering. It waits a second at
 // most.
-func LogsSince(f *localstack.Function, offset, calls int) string {
+func LogsSince(f *labstack.Function, offset, calls int) string {
 	deadline := time.Now().Add(time.Second)
 	for {
 		logs := f.Logs()

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/reaper-k8s/reaper/examples/vkprovider"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 )
 
 // terminalWatch records when and how each Pod of a namespace is first seen
@@ -59,7 +59,7 @@ func (e podEnd) truthful(code int) bool {
 
 // watchTerminal lists the namespace's Pods, then watches them until ctx
 // ends, listing again when the apiserver closes the watch.
-func watchTerminal(ctx context.Context, stack *localstack.Stack, namespace string) (*terminalWatch, error) {
+func watchTerminal(ctx context.Context, stack *labstack.Stack, namespace string) (*terminalWatch, error) {
 	w := &terminalWatch{ends: map[string]podEnd{}, changed: make(chan struct{}, 1)}
 	pods := stack.Kube.CoreV1().Pods(namespace)
 	start := func() (watch.Interface, error) {

@@ -24,7 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/app"
 	"github.com/reaper-k8s/reaper/pkg/app/reaperapp"
 	"github.com/reaper-k8s/reaper/pkg/config"
@@ -139,7 +139,7 @@ func newPropHarness(t *testing.T, sc propScenario) *propHarness {
 		t.Fatal(err)
 	}
 	h.writes = watchWrites(t, kc, h.ns)
-	h.intake, h.core = newPropCore(t, propCore{table: "prop-" + sc.name, ec2: h.ec2, cluster: localstack.Cluster, clock: &h.clock, queue: h.queue})
+	h.intake, h.core = newPropCore(t, propCore{table: "prop-" + sc.name, ec2: h.ec2, cluster: labstack.Cluster, clock: &h.clock, queue: h.queue})
 	return h
 }
 
@@ -222,7 +222,7 @@ func (h *propHarness) run(t *testing.T, n int, rng *rand.Rand) string {
 		}
 		id := fmt.Sprintf("i-%017x", 0x0b0b000000000000+uint64(2*n+k)+uint64(len(h.sc.name))<<32)
 		h.ec2.AddInstance(ec2server.Instance{ID: id, State: ec2server.Running, LaunchTime: start.Add(-time.Hour),
-			Tags: lab.InstanceTags(pod, true, localstack.Cluster)})
+			Tags: lab.InstanceTags(pod, true, labstack.Cluster)})
 		if h.sc.endedElsewhere {
 			patch := []byte(`{"status":{"phase":"Failed","reason":"Evicted","containerStatuses":[{"name":"main","image":"busybox","imageID":"","ready":false,"restartCount":0,"state":{"terminated":{"exitCode":2,"reason":"Error"}}}]}}`)
 			if _, err := lab.Stack.Kube.CoreV1().Pods(h.ns).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {

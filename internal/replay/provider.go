@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/reaper-k8s/reaper/examples/vkprovider"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 )
 
@@ -94,7 +94,7 @@ func (b *Burst) startProvider(ctx context.Context, node string, instances map[ty
 	ec2Cfg := awsCfg.Copy()
 	ec2Cfg.HTTPClient = &http.Client{Transport: p.ec2}
 	cfg := vkprovider.Config{
-		NodeName: node, Cluster: localstack.Cluster, ClusterUID: b.Lab.ClusterUID, Kube: stack.Kube,
+		NodeName: node, Cluster: labstack.Cluster, ClusterUID: b.Lab.ClusterUID, Kube: stack.Kube,
 		// The EC2 test server itself, not the recorder that counts the
 		// functions' requests: the provider's polling is not Reaper's and
 		// is counted apart (BurstResult.ProviderEC2). In a real account it
@@ -161,7 +161,7 @@ const adoptPatience = time.Minute
 // virtual-kubelet's Events of their creation have stopped coming: the
 // burst then starts with the provider in its steady state, polling
 // statuses that do not change.
-func (p *providerRun) waitAdopted(ctx context.Context, stack *localstack.Stack, namespace string, n int) error {
+func (p *providerRun) waitAdopted(ctx context.Context, stack *labstack.Stack, namespace string, n int) error {
 	pods, events := stack.Kube.CoreV1().Pods(namespace), stack.Kube.CoreV1().Events(namespace)
 	created := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("reason", "ProviderCreateSuccess").String()}
 	lastRunning, lastEvents, since := -1, -1, time.Now()

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 )
 
 var reportLineRE = regexp.MustCompile(`^REPORT RequestId: \S+\s+(?:Init Duration: [0-9.]+ ms\s+)?Duration: ([0-9.]+) ms`)
@@ -41,7 +41,7 @@ func batchCosts(logs string) []BatchCost {
 // (apiserver_request_total) summed by "VERB resource[/subresource]"; a
 // request to a path outside the API (/metrics, /healthz) counts as
 // "VERB -".
-func KubeRequests(ctx context.Context, stack *localstack.Stack) (map[string]int, error) {
+func KubeRequests(ctx context.Context, stack *labstack.Stack) (map[string]int, error) {
 	raw, err := stack.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("apiserver metrics: %w", err)

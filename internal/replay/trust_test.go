@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
@@ -58,7 +58,7 @@ func wantNoRecord(t *testing.T, id string) {
 func TestOtherClusterUntouched(t *testing.T) {
 	sc := prepare(t, "other-cluster", corev1.RestartPolicyNever, nil)
 	for name, id := range sc.Instances {
-		lab.AddTaggedInstance(id, lab.InstanceTags(sc.Pods[name], true, "other-"+localstack.Cluster))
+		lab.AddTaggedInstance(id, lab.InstanceTags(sc.Pods[name], true, "other-"+labstack.Cluster))
 	}
 	exited, spotted := sc.Instances["other-exit"], sc.Instances["other-spot"]
 
@@ -200,7 +200,7 @@ func TestRestartPendingThenSpot(t *testing.T) {
 // A restart-pending instance whose Pod is deleted is an orphan, and the
 // sweep that finds it says so in its metrics: a leak the events missed.
 func TestRestartPendingOrphan(t *testing.T) {
-	sweeper := localstack.MustStartFunction(t, lab.Bootstraps["sweeper"], lab.Env)
+	sweeper := labstack.MustStartFunction(t, lab.Bootstraps["sweeper"], lab.Env)
 	sc := prepare(t, "restart-orphan", corev1.RestartPolicyAlways, nil)
 	id := sc.Instances["restart-orphan"]
 	invokeExit(t, sc.Payloads("exitrecorder")[0])

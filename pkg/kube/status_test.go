@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/reaper-k8s/reaper/internal/kubeproxy"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
@@ -33,7 +33,7 @@ import (
 // and each test works in namespaces of its own.
 var (
 	stackOnce sync.Once
-	stack     *localstack.Stack
+	stack     *labstack.Stack
 	stackErr  error
 )
 
@@ -59,7 +59,7 @@ type rig struct {
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	stackOnce.Do(func() {
-		stack, stackErr = localstack.Start(context.Background(), localstack.Options{Parts: localstack.Kube})
+		stack, stackErr = labstack.Start(context.Background(), labstack.Options{Parts: labstack.Kube})
 	})
 	if stackErr != nil {
 		t.Fatal(stackErr)

@@ -12,7 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
@@ -166,7 +166,7 @@ func TestCheckedExitReplacesUnverified(t *testing.T) {
 func startTable(t *testing.T, name string) *Table {
 	t.Helper()
 	ctx := t.Context()
-	stack, err := localstack.Start(ctx, localstack.Options{Parts: localstack.Dynamo})
+	stack, err := labstack.Start(ctx, labstack.Options{Parts: labstack.Dynamo})
 	if err != nil {
 		t.Fatal(err)
 	}

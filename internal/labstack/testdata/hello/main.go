@@ -1,4 +1,4 @@
-// Command hello is a minimal Lambda function for the localstack tests: it
+// Command hello is a minimal Lambda function for the labstack tests: it
 // greets, logs with slog, and fails or panics on request.
 package main
 

@@ -1,6 +1,6 @@
 //go:build unix && !linux
 
-package localstack
+package labstack
 
 import "syscall"
 

@@ -1,4 +1,4 @@
-package localstack
+package labstack
 
 import (
 	"bytes"
@@ -56,14 +56,14 @@ func (e *FunctionError) Error() string { return e.Type + ": " + e.Message }
 func StartFunction(ctx context.Context, bootstrapPath string, env []string) (*Function, error) {
 	rie, err := binary("REAPER_RIE")
 	if err != nil {
-		return nil, fmt.Errorf("localstack: %w", err)
+		return nil, fmt.Errorf("labstack: %w", err)
 	}
 	bootstrap, err := filepath.Abs(bootstrapPath)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := os.Stat(bootstrap); err != nil {
-		return nil, fmt.Errorf("localstack: bootstrap: %w (build it with `make build GOARCH=amd64`?)", err)
+		return nil, fmt.Errorf("labstack: bootstrap: %w (build it with `make build GOARCH=amd64`?)", err)
 	}
 	dir, err := os.MkdirTemp("", "reaper-function-")
 	if err != nil {
@@ -104,7 +104,7 @@ func StartFunction(ctx context.Context, bootstrapPath string, env []string) (*Fu
 	})
 	if err != nil {
 		f.kill()
-		return nil, fmt.Errorf("localstack: function %s: %w", f.Name, err)
+		return nil, fmt.Errorf("labstack: function %s: %w", f.Name, err)
 	}
 	return f, nil
 }

@@ -1,4 +1,4 @@
-package localstack
+package labstack
 
 import (
 	"testing"
@@ -19,7 +19,7 @@ func MustStart(t testing.TB, opts Options) *Stack {
 				t.Logf("tail of %s:\n%s", path, tailFile(path, 30))
 			}
 			s.opts.KeepDir = true
-			t.Logf("localstack: kept %s", s.Dir)
+			t.Logf("labstack: kept %s", s.Dir)
 		}
 		s.Stop()
 	})

@@ -1,4 +1,4 @@
-package localstack
+package labstack
 
 import (
 	"crypto/ecdsa"
@@ -48,7 +48,7 @@ func writeKubeSecrets(dir string) (*kubeSecrets, error) {
 	}
 	caTmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "reaper-localstack-ca"},
+		Subject:               pkix.Name{CommonName: "reaper-labstack-ca"},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(7 * 24 * time.Hour),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,

@@ -1,4 +1,4 @@
-// Package localstack runs the real dependencies of Reaper on loopback for
+// Package labstack is the lab's local stack: it runs the real dependencies of Reaper on loopback for
 // integration tests and `make replay`: etcd plus kube-apiserver (and, on
 // request, kube-controller-manager), dynalite (DynamoDB), in-process EC2
 // Query API and SQS JSON API servers, and the Lambda runtime interface emulator for the
@@ -10,7 +10,7 @@
 // port, runs in its own temporary directory with its output in a log file
 // there, and dies with the test binary (Linux). Nothing listens on a
 // default port, so a system etcd on 2379 does not interfere.
-package localstack
+package labstack
 
 import (
 	"bytes"
@@ -61,7 +61,7 @@ const Cluster = "reaper-local"
 const (
 	Region          = "us-east-1"
 	AccessKeyID     = "AKIDLOCALSTACK"
-	SecretAccessKey = "localstack-secret"
+	SecretAccessKey = "labstack-secret"
 )
 
 // Options configures Start. The zero value starts everything.
@@ -161,7 +161,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	if err := errors.Join(kubeErr, dynErr); err != nil {
 		s.opts.KeepDir = true
 		s.Stop()
-		return nil, fmt.Errorf("localstack: %w", err)
+		return nil, fmt.Errorf("labstack: %w", err)
 	}
 	return s, nil
 }
@@ -172,11 +172,11 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 // short aliases ("job") that --controllers also accepts.
 func checkControllers(opts Options) error {
 	if len(opts.Controllers) > 0 && opts.Parts&Kube == 0 {
-		return errors.New("localstack: Options.Controllers needs the Kube part")
+		return errors.New("labstack: Options.Controllers needs the Kube part")
 	}
 	for _, name := range opts.Controllers {
 		if !strings.HasSuffix(name, "-controller") {
-			return fmt.Errorf("localstack: Options.Controllers: %q is not a canonical controller name (like job-controller)", name)
+			return fmt.Errorf("labstack: Options.Controllers: %q is not a canonical controller name (like job-controller)", name)
 		}
 	}
 	return nil
@@ -211,7 +211,7 @@ func lookupBinaries(opts Options) (binaries, error) {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return b, fmt.Errorf("localstack: %w", err)
+		return b, fmt.Errorf("labstack: %w", err)
 	}
 	return b, nil
 }
@@ -519,7 +519,7 @@ func (s *Stack) StartAPIServer(ctx context.Context) error {
 	}
 	if s.apiserverBin == "" || s.stopped {
 		s.mu.Unlock()
-		return errors.New("localstack: the stack has no Kubernetes part running")
+		return errors.New("labstack: the stack has no Kubernetes part running")
 	}
 	p, err := launch("kube-apiserver", s.Dir, os.Environ(), s.apiserverBin, s.apiserverArgs...)
 	if err != nil {

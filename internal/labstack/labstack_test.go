@@ -1,4 +1,4 @@
-package localstack_test
+package labstack_test
 
 import (
 	"encoding/json"
@@ -25,14 +25,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 )
 
 func TestStack(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	start := time.Now()
-	stack := localstack.MustStart(t, localstack.Options{Namespaces: []string{"reaper-test"}})
+	stack := labstack.MustStart(t, labstack.Options{Namespaces: []string{"reaper-test"}})
 	t.Logf("stack started in %v", time.Since(start).Round(time.Millisecond))
 
 	// A Pod bound to a node that does not exist: no scheduler or kubelet
@@ -154,7 +154,7 @@ func assertRunning(t *testing.T, kube kubernetes.Interface, name string) {
 }
 
 // stackPIDs lists the processes running in the stack's Dir: its children.
-func stackPIDs(t *testing.T, stack *localstack.Stack) []int {
+func stackPIDs(t *testing.T, stack *labstack.Stack) []int {
 	t.Helper()
 	entries, _ := filepath.Glob("/proc/[0-9]*/cwd")
 	var pids []int
@@ -173,7 +173,7 @@ func stackPIDs(t *testing.T, stack *localstack.Stack) []int {
 
 func TestOnlyDynamo(t *testing.T) {
 	t.Parallel()
-	stack := localstack.MustStart(t, localstack.Options{Parts: localstack.Dynamo})
+	stack := labstack.MustStart(t, labstack.Options{Parts: labstack.Dynamo})
 	if stack.Kube != nil || stack.KubeconfigPath != "" || stack.EC2 != nil || stack.DynamoEndpoint == "" {
 		t.Fatalf("want only dynalite, got %+v", stack)
 	}
@@ -191,23 +191,23 @@ func TestOnlyDynamo(t *testing.T) {
 func TestMissingBinaryNamesSetup(t *testing.T) {
 	t.Setenv("REAPER_KUBE_APISERVER", "")
 	t.Setenv("REAPER_RIE", "/nonexistent/aws-lambda-rie")
-	_, err := localstack.Start(t.Context(), localstack.Options{})
+	_, err := labstack.Start(t.Context(), labstack.Options{})
 	if err == nil || !strings.Contains(err.Error(), "REAPER_KUBE_APISERVER is not set") ||
 		!strings.Contains(err.Error(), `eval "$(hack/setup.sh)"`) {
 		t.Errorf("Start error = %v", err)
 	}
 	t.Setenv("REAPER_KUBE_CONTROLLER_MANAGER", "/nonexistent/kube-controller-manager")
-	_, err = localstack.Start(t.Context(), localstack.Options{Parts: localstack.Kube, Controllers: []string{"job-controller"}})
+	_, err = labstack.Start(t.Context(), labstack.Options{Parts: labstack.Kube, Controllers: []string{"job-controller"}})
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/kube-controller-manager") ||
 		!strings.Contains(err.Error(), `eval "$(hack/setup.sh)"`) {
 		t.Errorf("Start with Controllers: error = %v", err)
 	}
 	// An alias would only time out on readiness: refused up front.
-	if _, err = localstack.Start(t.Context(), localstack.Options{Parts: localstack.Kube, Controllers: []string{"job"}}); err == nil ||
+	if _, err = labstack.Start(t.Context(), labstack.Options{Parts: labstack.Kube, Controllers: []string{"job"}}); err == nil ||
 		!strings.Contains(err.Error(), `"job" is not a canonical controller name`) {
 		t.Errorf("Start with an alias: error = %v", err)
 	}
-	_, err = localstack.StartFunction(t.Context(), os.Args[0], nil)
+	_, err = labstack.StartFunction(t.Context(), os.Args[0], nil)
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/aws-lambda-rie") ||
 		!strings.Contains(err.Error(), `eval "$(hack/setup.sh)"`) {
 		t.Errorf("StartFunction error = %v", err)
@@ -218,7 +218,7 @@ func TestFunction(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	bootstrap := buildHello(t)
-	fn := localstack.MustStartFunction(t, bootstrap, []string{"HELLO_ENV=from-test"})
+	fn := labstack.MustStartFunction(t, bootstrap, []string{"HELLO_ENV=from-test"})
 
 	resp, fnErr, err := fn.Invoke(ctx, []byte(`{"name":"reaper"}`))
 	if err != nil || fnErr != nil {

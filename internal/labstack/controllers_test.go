@@ -1,4 +1,4 @@
-package localstack_test
+package labstack_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/reaper-k8s/reaper/internal/localstack"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 )
 
 // TestJobController runs the real Job controller and plays the kubelet by
@@ -24,7 +24,7 @@ func TestJobController(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	start := time.Now()
-	stack := localstack.MustStart(t, localstack.Options{Parts: localstack.Kube, Controllers: []string{"job-controller"}})
+	stack := labstack.MustStart(t, labstack.Options{Parts: labstack.Kube, Controllers: []string{"job-controller"}})
 	t.Logf("stack with the Job controller started in %v", time.Since(start).Round(time.Millisecond))
 
 	jobs := stack.Kube.BatchV1().Jobs("default")
