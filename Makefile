@@ -5,6 +5,9 @@
 FUNCTIONS := exitrecorder statechange sweeper reconciler
 GOARCH    ?= arm64
 SETUP     := eval "$$(hack/setup.sh)"
+# The demo and the local invokes need only the stack: no kube-controller-manager,
+# staticcheck or shellcheck.
+SETUP_DEMO := eval "$$(hack/setup.sh demo)"
 GOFLAGS_LAMBDA := -trimpath -tags lambda.norpc -ldflags="-s -w"
 
 .PHONY: all setup build test lint replay invoke bench clean
@@ -34,16 +37,16 @@ test: setup build lint
 
 # The demo: 30 Pods whose containers exit, replayed through the exitrecorder
 # under the Lambda runtime interface emulator against a local stack.
-replay: setup
-	@$(SETUP) && go run ./cmd/reaper-lab replay
+replay:
+	@$(SETUP_DEMO) && go run ./cmd/reaper-lab replay
 
 # One function on one sample event, under the Lambda runtime interface
 # emulator against a local stack: the docker-free twin of `sam local invoke`.
 # The Pod and instance the event talks about are seeded first.
 # make invoke FN=exitrecorder EVENT=events/exitrecorder/oom.json [ARGS="-v -env K=V"]
-invoke: setup
+invoke:
 	@test -n "$(FN)" -a -n "$(EVENT)" || { echo "usage: make invoke FN=<exitrecorder|statechange|sweeper|reconciler> EVENT=events/<function>/<file>.json [ARGS=\"-v -keep-stack -env K=V\"]" >&2; exit 2; }
-	@$(SETUP) && go run ./cmd/reaper-lab invoke -fn $(FN) -event $(EVENT) $(ARGS)
+	@$(SETUP_DEMO) && go run ./cmd/reaper-lab invoke -fn $(FN) -event $(EVENT) $(ARGS)
 
 bench: setup
 	@$(SETUP) && go test -run '^$$' -bench . -benchmem -benchtime 1x -timeout 150m ./bench/...
