@@ -635,12 +635,9 @@ func (r *Reaper) terminateOrphans(ctx context.Context, p phases, ids []string, r
 	var candidates []instances.Instance
 	for _, id := range ids {
 		inst, ok := known[id]
-		if !ok || !inst.Owned || (inst.State != model.StateRunning && inst.State != model.StatePending) || inst.Pod.UID == "" {
-			continue
-		}
 		rec, haveRecord := records[id]
-		if endedByRecord(rec, haveRecord, inst) || refusedLately(rec, haveRecord, r.Now()) {
-			continue // its record ends it, or EC2 refused it lately
+		if !ok || !inst.Owned || inst.Pod.UID == "" || !mayBeOrphan(inst, rec, haveRecord, r.Now()) {
+			continue
 		}
 		candidates = append(candidates, inst)
 		errs[id] = errNoTime // until its Pod is read

@@ -255,7 +255,7 @@ func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Insta
 		}
 		running++
 		rec, ok := records[id]
-		if endedByRecord(rec, ok, inst) || refusedLately(rec, ok, r.Now()) || !inst.LaunchTime.Before(cutoff) {
+		if !mayBeOrphan(inst, rec, ok, r.Now()) || !inst.LaunchTime.Before(cutoff) {
 			continue
 		}
 		if inst.Pod.UID == "" {

@@ -65,6 +65,16 @@ func endedByRecord(rec ledger.Record, ok bool, inst instances.Instance) bool {
 	return ok && rec.Exit != nil && rec.Exit.Terminal() && !rec.Unverified && rec.Pod == inst.Pod
 }
 
+// mayBeOrphan says whether inst may be an orphan: running (or pending) with
+// neither its record ending it nor a recent refusal of EC2 to terminate it.
+// Whether its Pod still lives decides. The sweeper asks before it queues
+// the instance and the reconciler again before it terminates it, each with
+// its own read of the Pod: a message on the queue proves nothing.
+func mayBeOrphan(inst instances.Instance, rec ledger.Record, ok bool, now time.Time) bool {
+	return (inst.State == model.StateRunning || inst.State == model.StatePending) &&
+		!endedByRecord(rec, ok, inst) && !refusedLately(rec, ok, now)
+}
+
 // refusedLately says whether EC2 refused to terminate the instance less
 // than RefusalBackoff before now.
 func refusedLately(rec ledger.Record, ok bool, now time.Time) bool {
