@@ -67,9 +67,6 @@ type Report struct {
 	PodResult kube.Result
 	// TerminateResult is set when termination was attempted.
 	TerminateResult instances.Termination
-	// Rejected says the record was not believed and nothing was done
-	// for it.
-	Rejected bool
 }
 
 // work is one record's progress through reconcileMany.
@@ -81,14 +78,13 @@ type work struct {
 	refused string
 }
 
-// reconcileMany decides and carries out the plans of records whose
-// instances known describes (absent: EC2 does not know it). What a record
-// says is first checked against the instance's launch tags (believe); a
-// record they do not back is settled untouched. Then every Pod step until
-// p.work, then one terminate for all the instances to end (at most 1,000
+// reconcileMany decides and carries out the plans of records, as they are
+// believed (apply checked each against its instance's launch tags, once),
+// whose instances known describes (absent: EC2 does not know it): every
+// Pod step until p.work, then one terminate for all the instances to end (at most 1,000
 // ids a call, waiting for tokens at most maxTokenWait), each step whatever
 // became of the other, then the done steps of each record in one ledger
-// write. Reports and errors are per record, in the order of recs; an error
+// write. Reports and errors are per record, in the order of views; an error
 // for which forLater holds means the step was not made for want of time or
 // tokens, and the record's work goes back on the queue.
 //
@@ -99,24 +95,13 @@ type work struct {
 // time for is not terminated either. A failed write does not hold the
 // terminate back: an apiserver outage must not keep a GPU billing, and a
 // failed terminate must not hide the exit.
-func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Record, known map[string]instances.Instance) ([]Report, []error) {
-	reps, errs, works := make([]Report, len(recs)), make([]error, len(recs)), make([]work, len(recs))
+func (r *Reaper) reconcileMany(ctx context.Context, p phases, views []ledger.Record, known map[string]instances.Instance) ([]Report, []error) {
+	reps, errs, works := make([]Report, len(views)), make([]error, len(views)), make([]work, len(views))
 	settleCtx, cancelSettle := p.settleContext(ctx)
 	defer cancelSettle()
-	var live, writes []int // records that are believed; those with a Pod step
-	for i, rec := range recs {
-		reps[i].InstanceID = rec.InstanceID
-		inst, described := known[rec.InstanceID]
-		view, reason, ok := believe(rec, inst, described)
-		if !ok {
-			reps[i].Rejected = true
-			errs[i] = r.reject(settleCtx, rec, inst, reason)
-			continue
-		}
-		if reason != "" {
-			r.Log.LogAttrs(ctx, slog.LevelWarn, "exit not believed", slog.String("instance", rec.InstanceID),
-				slog.String("reason", reason), slog.String("claimed", rec.Pod.String()), slog.String("tags", inst.Pod.String()))
-		}
+	var live, writes []int // every record; those with a Pod step
+	for i, view := range views {
+		reps[i].InstanceID = view.InstanceID
 		works[i].view = view
 		reps[i].Plan = Decide(view, r.Now(), r.Policy)
 		live = append(live, i)
@@ -165,7 +150,7 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 		}
 	}
 	for _, i := range live {
-		inst, described := known[recs[i].InstanceID]
+		inst, described := known[views[i].InstanceID]
 		r.terminateWhen(&reps[i].Plan, works[i].view, inst, described, now)
 	}
 	r.tagPodWritten(ctx, p, reps, writes, works, known)
@@ -173,7 +158,7 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 	var ending []string
 	for _, i := range live {
 		if reps[i].Plan.Terminate && !forLater(works[i].podErr) {
-			ending = append(ending, recs[i].InstanceID)
+			ending = append(ending, views[i].InstanceID)
 		}
 	}
 	if len(ending) > 0 {
@@ -185,11 +170,11 @@ func (r *Reaper) reconcileMany(ctx context.Context, p phases, recs []ledger.Reco
 		errors.As(err, &refusals)
 		for _, i := range live {
 			if reps[i].Plan.Terminate {
-				switch reps[i].TerminateResult = out[recs[i].InstanceID]; reps[i].TerminateResult {
+				switch reps[i].TerminateResult = out[views[i].InstanceID]; reps[i].TerminateResult {
 				case "":
 					works[i].termErr = cmp.Or(err, errNoTime)
 				case instances.Refused:
-					works[i].refused = refusals[recs[i].InstanceID]
+					works[i].refused = refusals[views[i].InstanceID]
 				}
 			}
 		}

@@ -173,12 +173,7 @@ func (r *Reaper) ReconcileBatch(ctx context.Context, byInstance map[string][]wor
 
 	reps, errs := r.reconcileMany(ctx, p, work, known)
 	for i, rep := range reps {
-		switch {
-		case rep.Rejected:
-			sum.Rejected++
-		default:
-			sum.Reconciled++
-		}
+		sum.Reconciled++
 		if rep.PodResult == kube.Patched {
 			sum.Patched++
 		}
@@ -265,6 +260,12 @@ func (b *batchRun) settle(id string, err error) {
 func (b *batchRun) skipped() {
 	b.mu.Lock()
 	b.sum.Skipped++
+	b.mu.Unlock()
+}
+
+func (b *batchRun) rejected() {
+	b.mu.Lock()
+	b.sum.Rejected++
 	b.mu.Unlock()
 }
 
@@ -382,9 +383,11 @@ func indices[T any](s []T) []int {
 }
 
 // apply records what an instance's messages report and returns its record
-// if there is one to reconcile. State changes of instances that are not
-// this deployment's, and exit claims the instance's tags do not back, are
-// logged and dropped. What a message says of the instance's state is
+// as it is believed (believe: checked once against the instance's launch
+// tags), if there is one to reconcile; a record the tags do not back is
+// settled untouched. State changes of instances that are not this
+// deployment's, and exit claims the tags do not back, are logged and
+// dropped. What a message says of the instance's state is
 // checked against EC2's own answer (confirmedState), and a time in the
 // future beyond the clock skew a host may have is refused.
 func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, records map[string]ledger.Record, known map[string]instances.Instance, b *batchRun) (*ledger.Record, error) {
@@ -448,7 +451,16 @@ func (r *Reaper) apply(ctx context.Context, id string, items []workqueue.Item, r
 		}
 		return nil, nil
 	}
-	return &rec, nil
+	view, reason, believed := believe(rec, inst, described)
+	if !believed {
+		b.rejected()
+		return nil, r.reject(ctx, rec, inst, reason)
+	}
+	if reason != "" {
+		r.Log.LogAttrs(ctx, slog.LevelWarn, "exit not believed", slog.String("instance", id),
+			slog.String("reason", reason), slog.String("claimed", rec.Pod.String()), slog.String("tags", inst.Pod.String()))
+	}
+	return &view, nil
 }
 
 // notInFuture is items without those whose time lies further ahead than
