@@ -57,6 +57,10 @@ type Plan struct {
 	TerminateAt time.Time
 }
 
+// Idle says the plan leaves nothing to do, now or later: its record is
+// settled and leaves the pending index.
+func (p Plan) Idle() bool { return p.Pod == nil && !p.Terminate && p.WaitUntil.IsZero() }
+
 // RefusalBackoff is how long after EC2 refused to terminate an instance
 // (termination protection, a policy) Reaper asks again: an operator's
 // protection is meant to hold, and asking every minute would only spend

@@ -345,8 +345,7 @@ func (r *Reaper) done(rec ledger.Record, plan Plan, podErr, termErr error, refus
 	default:
 		done.Terminated, after.Terminated = true, r.Now()
 	}
-	next := Decide(after, r.Now(), r.Policy)
-	done.Settled = next.Pod == nil && !next.Terminate && next.WaitUntil.IsZero()
+	done.Settled = Decide(after, r.Now(), r.Policy).Idle()
 	done.Version = rec.Version
 	write = done.PodSynced != "" || done.Terminated || done.Refused != "" || done.Settled == (rec.Pending != "")
 	return done, write

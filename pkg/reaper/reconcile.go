@@ -614,7 +614,7 @@ func (r *Reaper) stateChanges(rec ledger.Record, id string, pod model.PodRef, sc
 	if !applies {
 		return rec, false
 	}
-	if plan := Decide(next, r.Now(), r.Policy); rec.Pending == "" && !rec.Unverified && plan.Pod == nil && !plan.Terminate && plan.WaitUntil.IsZero() {
+	if rec.Pending == "" && !rec.Unverified && Decide(next, r.Now(), r.Policy).Idle() {
 		sc.AddsNoWork = true
 		next.Pending = ""
 	}
