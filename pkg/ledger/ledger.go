@@ -72,9 +72,6 @@ type Record struct {
 	Pod        model.PodRef `dynamodbav:"pod" json:"pod,omitempty"`
 	// Exit is the latest exit recorded (highest restart count).
 	Exit *model.Exit `dynamodbav:"exit,omitempty" json:"exit,omitempty"`
-	// ExitRestartCount mirrors Exit.RestartCount at the top level, where
-	// condition expressions can compare it.
-	ExitRestartCount *int32 `dynamodbav:"exitRestartCount,omitempty" json:"exitRestartCount,omitempty"`
 	// Gone is the newest state seen in which the instance no longer runs its
 	// Pod (stopping, stopped, shutting-down, terminated). It stays set.
 	Gone *model.Gone `dynamodbav:"gone,omitempty" json:"gone,omitempty"`
@@ -158,14 +155,12 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit) (Record, error) {
 	now := t.now().UTC()
 	exit.ReceivedAt = now
-	restartCount := expression.Name("exitRestartCount")
 	condition := expression.Or(
-		restartCount.AttributeNotExists(),
-		restartCount.LessThanEqual(expression.Value(exit.RestartCount)),
+		expression.Name("exit").AttributeNotExists(),
+		expression.Name("exit.restartCount").LessThanEqual(expression.Value(exit.RestartCount)),
 		expression.And(expression.Name("unverified").AttributeExists(), expression.Name("pod.uid").NotEqual(expression.Value(pod.UID))))
 	update := stamped(now).
 		Set(expression.Name("exit"), expression.Value(exit)).
-		Set(restartCount, expression.Value(exit.RestartCount)).
 		Set(expression.Name("pod"), expression.Value(pod)).
 		Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID))).
 		Remove(expression.Name("unverified")).

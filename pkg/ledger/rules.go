@@ -17,13 +17,12 @@ import (
 // write applies (false: rec is returned as it was). A later exit wins,
 // unless it is one an older version recorded unverified for another Pod.
 func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time.Time) (Record, bool) {
-	if rc := rec.ExitRestartCount; rc != nil && *rc > exit.RestartCount && !(rec.Unverified && rec.Pod.UID != pod.UID) {
+	if rec.Exit != nil && rec.Exit.RestartCount > exit.RestartCount && !(rec.Unverified && rec.Pod.UID != pod.UID) {
 		return rec, false
 	}
 	now = now.UTC()
 	exit.ReceivedAt = now
-	rc := exit.RestartCount
-	rec.InstanceID, rec.Pod, rec.Exit, rec.ExitRestartCount = id, pod, &exit, &rc
+	rec.InstanceID, rec.Pod, rec.Exit = id, pod, &exit
 	rec.Unverified = false
 	rec.Pending = pendingValue(id)
 	touch(&rec, now)

@@ -56,7 +56,7 @@ func TestRulesMatchTable(t *testing.T) {
 				exit := model.Exit{Container: "main", ExitCode: rng.IntN(2), RestartCount: int32(rng.IntN(3)), WillRestart: rng.IntN(3) == 0,
 					FinishedAt: clock.Add(-time.Minute)}
 				op = fmt.Sprintf("exit %s rc=%d", pod.UID[len(pod.UID)-1:], exit.RestartCount)
-				if want.Unverified && *want.ExitRestartCount > exit.RestartCount && want.Pod.UID != pod.UID {
+				if want.Unverified && want.Exit != nil && want.Exit.RestartCount > exit.RestartCount && want.Pod.UID != pod.UID {
 					op += " over a later unverified exit"
 				}
 				got, werr = table.RecordExit(ctx, id, pod, exit)
@@ -151,8 +151,8 @@ func TestCheckedExitReplacesUnverified(t *testing.T) {
 				if wantUnverified := tc.unverified && !tc.replaced; rec.Pod != tc.wantPod || rec.Unverified != wantUnverified {
 					t.Errorf("%s: pod %s, unverified %v; want pod %s, unverified %v", form, rec.Pod.UID, rec.Unverified, tc.wantPod.UID, wantUnverified)
 				}
-				if wantRC := map[bool]int32{true: 0, false: 3}[tc.replaced]; rec.ExitRestartCount == nil || *rec.ExitRestartCount != wantRC {
-					t.Errorf("%s: exit restart count %v, want %d", form, rec.ExitRestartCount, wantRC)
+				if wantRC := map[bool]int32{true: 0, false: 3}[tc.replaced]; rec.Exit == nil || rec.Exit.RestartCount != wantRC {
+					t.Errorf("%s: exit %+v, want restart count %d", form, rec.Exit, wantRC)
 				}
 			}
 			if applied != tc.replaced {
@@ -194,15 +194,14 @@ func putUnverified(t *testing.T, table *Table, id string, pod model.PodRef, rest
 		t.Fatal(err)
 	}
 	item := map[string]types.AttributeValue{
-		KeyAttribute:       &types.AttributeValueMemberS{Value: id},
-		"exit":             exitAV,
-		"exitRestartCount": &types.AttributeValueMemberN{Value: fmt.Sprint(restartCount)},
-		"pod":              podAV,
-		"updatedAt":        timeAV(now),
-		TTLAttribute:       expiry(now),
-		PendingAttribute:   &types.AttributeValueMemberS{Value: "1"},
-		"unverified":       &types.AttributeValueMemberBOOL{Value: true},
-		"version":          &types.AttributeValueMemberN{Value: "1"},
+		KeyAttribute:     &types.AttributeValueMemberS{Value: id},
+		"exit":           exitAV,
+		"pod":            podAV,
+		"updatedAt":      timeAV(now),
+		TTLAttribute:     expiry(now),
+		PendingAttribute: &types.AttributeValueMemberS{Value: "1"},
+		"unverified":     &types.AttributeValueMemberBOOL{Value: true},
+		"version":        &types.AttributeValueMemberN{Value: "1"},
 	}
 	if _, err := table.client.PutItem(t.Context(), &dynamodb.PutItemInput{TableName: &table.name, Item: item}); err != nil {
 		t.Fatal(err)

@@ -226,13 +226,15 @@ func TestOrphanCap(t *testing.T) {
 func TestInstanceEC2Forgot(t *testing.T) {
 	id := instanceOf(1)
 	restart := &model.Exit{Container: "main", ExitCode: 1, WillRestart: true, RestartCount: 1}
+	late := exitMsg(1, 0)
+	late.Exit.RestartCount = 2 // the run after the restart
 	for _, tc := range []struct {
 		name string
 		msg  workqueue.Message
 		want []string
 	}{
 		// The terminate is answered "already gone" by EC2.
-		{name: "late exit", msg: exitMsg(1, 0), want: []string{"pod jobs/job-1 exit/0", "terminate [" + id + "]"}},
+		{name: "late exit", msg: late, want: []string{"pod jobs/job-1 exit/2", "terminate [" + id + "]"}},
 		{name: "sweep", msg: workqueue.Sweep(id), want: []string{"pod jobs/job-1 " + model.OutcomeLost}},
 		{name: "forged exit of another Pod", msg: exitMsg(2, 0), want: []string{"pod jobs/job-1 " + model.OutcomeLost}},
 	} {

@@ -51,7 +51,7 @@ func believe(rec ledger.Record, inst instances.Instance, known bool) (view ledge
 		if rec.Exit != nil {
 			reason = model.ReasonPodMismatch
 		}
-		rec.Pod, rec.Exit, rec.ExitRestartCount = inst.Pod, nil, nil
+		rec.Pod, rec.Exit = inst.Pod, nil
 	}
 	rec.Unverified = false
 	return rec, reason, true
