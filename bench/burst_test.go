@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"golang.org/x/net/http2"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -195,11 +196,14 @@ func (w *world) cleanupBurst(ctx context.Context, res *replay.BurstResult, base 
 }
 
 // untilDone calls del again while the apiserver answers that it ran out of
-// time (it goes on deleting meanwhile): deleting 10,000 Pods takes longer
-// than its 60 s request timeout.
+// time (it goes on deleting meanwhile): deleting 10,000 Pods, or the
+// 20,000 Events of a burst, takes longer than its 60 s request timeout.
+// Over HTTP/2 the timeout may come as the stream's reset instead.
 func untilDone(del func() error) error {
 	for range 10 {
-		if err := del(); !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err) {
+		err := del()
+		var reset http2.StreamError
+		if !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err) && !(errors.As(err, &reset) && reset.Code == http2.ErrCodeInternal) {
 			return err
 		}
 	}
