@@ -100,7 +100,9 @@ func runInvoke(ctx context.Context, args []string) error {
 		names = append(names, metrics.FunctionReconciler)
 	}
 	progress("building functions/%s for %s/%s", strings.Join(names, " and functions/"), runtime.GOOS, runtime.GOARCH)
+	beat := heartbeat(os.Stderr, "building the functions")
 	bins, err := replay.Build(ctx, root, filepath.Join(dir, "build"), names...)
+	beat()
 	if err != nil {
 		return err
 	}

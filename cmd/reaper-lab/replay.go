@@ -36,7 +36,9 @@ func runReplay(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Println("building the functions and starting the local stack (etcd, kube-apiserver, dynalite, EC2 and SQS test servers)…")
+	beat := heartbeat(os.Stdout, "building the functions and starting the local stack")
 	lab, stop, err := replay.StartLab(ctx, labstack.Options{}, "reaper-ledger", "REAPER_EXIT_WAIT="+exitWait.String())
+	beat()
 	if err != nil {
 		return err
 	}
