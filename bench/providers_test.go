@@ -57,7 +57,7 @@ var providerRuns = []struct {
 // BurstOptions.ProviderPoll) against the same EC2 test server, its requests
 // counted apart from Reaper's. Each run prints its table, reports the Pods
 // that did not end with their exit's truth, and writes its timeline
-// (burst-providers-<style>.csv) for bench/chart:
+// (burst-providers-<style>[-x<scale>][-<exits>].csv) for bench/chart:
 //
 //	go run ./bench/chart -in bench/burst-providers-ledger-first.csv -out bench/burst-providers-ledger-first.png
 func BenchmarkBurstProviders(b *testing.B) {
@@ -98,7 +98,7 @@ func BenchmarkBurstProviders(b *testing.B) {
 				w.stack.EC2.DisableBuckets()
 				if res != nil {
 					reportProviders(b, res, run.waitForTag)
-					if err := writeTimeline(fmt.Sprintf("burst-providers-%s%s.csv", run.provider, scaleSuffix(scale)), res); err != nil {
+					if err := writeTimeline(fmt.Sprintf("burst-providers-%s%s%s.csv", run.provider, scaleSuffix(scale), exitsSuffix(exits)), res); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -112,6 +112,15 @@ func BenchmarkBurstProviders(b *testing.B) {
 			}
 		})
 	}
+}
+
+// exitsSuffix names a run's timeline after its burst when it is not the
+// default hostsExits, so that a smaller run keeps the full one's file.
+func exitsSuffix(exits int) string {
+	if exits == hostsExits {
+		return ""
+	}
+	return fmt.Sprintf("-%d", exits)
 }
 
 // checkProviders fails the benchmark unless every Pod ended with its
