@@ -46,8 +46,10 @@ const (
 	// exitWait is the labs' exit-wait window: short, so that a lost Pod is
 	// finalized within a test.
 	exitWait = 3 * time.Second
-	// ledgerOnly records the exit in the ledger and nothing else, as when
-	// Reaper's Pod write has not landed (the apiserver was down).
+	// ledgerOnly records the exit in the ledger, as when Reaper's Pod write
+	// has not landed (the apiserver was down), checks that the Pod stays
+	// Running while its instance runs, and then powers the host off, as
+	// the default user-data does once the line is shipped.
 	ledgerOnly = "ledger-only"
 )
 
@@ -276,9 +278,22 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 	}
 	finished := time.Now().UTC().Truncate(time.Millisecond)
 	if recorder == ledgerOnly {
-		_, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)},
-			model.Exit{Container: "main", ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished})
-		return intake.ExitSummary{InstanceID: id, Lines: 1, Recorded: 1}, err
+		if _, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)},
+			model.Exit{Container: "main", ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}); err != nil {
+			return sum, err
+		}
+		// The provider reads the ledger only for instances that ended:
+		// while this one runs, the exit is Reaper's to write.
+		time.Sleep(5 * syncPeriod)
+		got, err := lab.Stack.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return sum, err
+		}
+		if got.Status.Phase != corev1.PodRunning {
+			return sum, fmt.Errorf("pod %s turned %s from the ledger while its instance ran", pod.Name, got.Status.Phase)
+		}
+		lab.Stack.EC2.SetState(id, ec2server.ShuttingDown)
+		return intake.ExitSummary{InstanceID: id, Lines: 1, Recorded: 1}, nil
 	}
 	payload, err := exitEvent(id, pod, exit, finished)
 	if err != nil {
@@ -422,9 +437,10 @@ func TestE2EJobs(t *testing.T) {
 }
 
 // The provider's own read of the ledger: when the ledger holds the exit
-// but no Pod write has landed, GetPodStatus reports the exit and the Job
-// ends with the real exit code. Nothing terminated the instance; the
-// provider's status does not depend on it.
+// but no Pod write has landed, the Pod stays Running while its instance
+// runs, and once the host has powered itself off GetPodStatus reports the
+// exit from the ledger, not "instance gone": the Job ends with the real
+// exit code.
 func TestE2EProviderReadsLedger(t *testing.T) {
 	t.Parallel()
 	r, err := runJob(t.Context(), "e2e-ledger", 0, host{exitCode: 7}, ledgerOnly, jobTimeout, 2*syncPeriod)

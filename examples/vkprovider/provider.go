@@ -11,18 +11,19 @@
 //     cluster's kube-system namespace, read once at start) lets Reaper
 //     terminate the instance as an orphan once its Pod is gone; without it
 //     Reaper never would.
-//   - GetPodStatus reads the exit from the ledger (ledger.Get, then the Pod
-//     UID check) before it looks at the instance: once the instance is gone
-//     its state says nothing about the exit code, the ledger does.
+//   - GetPodStatus reads the exit from the ledger (ledger.GetMany, then the
+//     Pod UID check) once the instance is no longer running, before it lets
+//     the instance's state say anything: a gone instance says nothing about
+//     the exit code, the ledger does.
 //   - A terminal Pod is never written again: Reaper (or the provider, from
 //     the ledger) wrote the truth, and the apiserver does not refuse phase
 //     flips.
 //   - An instance gone with no exit in the ledger is left to Reaper, which
 //     waits for a late exit line before it finalizes the Pod as lost.
-//   - The status loop costs one BatchGetItem per 100 live Pods and one
-//     DescribeInstances per 1,000 of those with no exit in the ledger each
-//     period, not a call per Pod: in a real account its DescribeInstances
-//     share the account's buckets with Reaper (Config.StatusSyncPeriod).
+//   - The status loop costs one DescribeInstances per 1,000 live Pods each
+//     period, and one BatchGetItem per 100 of those whose instance ended,
+//     not a call per Pod: in a real account its DescribeInstances share the
+//     account's buckets with Reaper (Config.StatusSyncPeriod).
 //
 // RunStatusFromInstance is the other provider style, the one that ignores
 // the ledger and derives a Pod's status from its instance's state alone; it
@@ -92,8 +93,8 @@ type Config struct {
 	// StatusSyncPeriod is how often the status of each live Pod is
 	// recomputed (default 5s, virtual-kubelet's own period). Each period
 	// costs ⌈live Pods / 1,000⌉ DescribeInstances naming the instances (and
-	// for Run ⌈live Pods / 100⌉ BatchGetItem on the ledger, and describes
-	// only of the Pods with no exit there). In a real account those share
+	// for Run ⌈ended / 100⌉ BatchGetItem on the ledger for the Pods whose
+	// instances are no longer running). In a real account those share
 	// the account's DescribeInstances buckets with Reaper and every other
 	// tool: named without a filter or pagination, they draw on the smaller
 	// one (50, refill 10 a second), so a 1 s period over 10,000 Pods would
@@ -369,8 +370,9 @@ func (p *provider) GetPods(context.Context) ([]*corev1.Pod, error) {
 	return out, nil
 }
 
-// GetPodStatus is the Pod's status: the terminal exit from the ledger when
-// it holds one for this Pod, otherwise what the instance state says.
+// GetPodStatus is the Pod's status: what the instance state says while it
+// is pending or running; once it is not, the terminal exit from the ledger
+// when it holds one for this Pod.
 func (p *provider) GetPodStatus(ctx context.Context, namespace, name string) (*corev1.PodStatus, error) {
 	pod, err := p.lister.Pods(namespace).Get(name)
 	if err != nil {
@@ -395,47 +397,55 @@ func (p *provider) GetPodStatus(ctx context.Context, namespace, name string) (*c
 }
 
 // statuses are the statuses of the Pods, keyed by their instances, that
-// the ledger or EC2 can tell, by Pod UID: a Pod whose ledger record holds
-// its terminal exit gets it; the others are described, and get what their
-// instance's state says. The ledger's answers stand even when the
+// EC2 or the ledger can tell, by Pod UID. Every instance is described; a
+// Pod whose instance is pending or running gets what that says, and only
+// the others (shutting down, stopped, terminated, unknown to EC2) are read
+// from the ledger: a Pod whose ledger record holds its terminal exit gets
+// it, the rest keep their status. While the instance runs, Reaper writes
+// the exit to the Pod itself, so the ledger reads follow the instances that
+// ended, not the Pods that run. The ledger's answers stand even when the
 // describes fail.
 func (p *provider) statuses(ctx context.Context, byInstance map[string]*corev1.Pod) (map[types.UID]*corev1.PodStatus, error) {
 	out := make(map[types.UID]*corev1.PodStatus, len(byInstance))
 	if len(byInstance) == 0 {
 		return out, nil
 	}
-	recs, err := p.cfg.Ledger.GetMany(ctx, slices.Sorted(maps.Keys(byInstance)))
-	if err != nil {
-		return nil, err
-	}
-	var rest []string
+	insts, describeErr := describe(ctx, p.cfg.EC2, slices.Sorted(maps.Keys(byInstance)))
+	var ended []string
 	for id, pod := range byInstance {
+		inst, ok := insts[id]
+		switch {
+		case ok && inst.State.Name == ec2types.InstanceStateNamePending:
+			out[pod.UID] = pending(pod)
+		case ok && inst.State.Name == ec2types.InstanceStateNameRunning:
+			out[pod.UID] = running(pod, aws.ToTime(inst.LaunchTime))
+		default:
+			ended = append(ended, id)
+		}
+	}
+	if len(ended) == 0 {
+		return out, describeErr
+	}
+	slices.Sort(ended)
+	recs, err := p.cfg.Ledger.GetMany(ctx, ended)
+	if err != nil {
+		return out, errors.Join(describeErr, err)
+	}
+	for _, id := range ended {
+		pod := byInstance[id]
 		// The ledger is keyed by instance: only a record naming this very
 		// Pod (not an earlier one of the same name) and checked against
 		// the instance's tags speaks for it.
 		if rec, ok := recs[id]; ok && rec.Pod.UID == string(pod.UID) && !rec.Unverified && rec.Exit != nil && rec.Exit.Terminal() {
 			out[pod.UID] = exited(pod, *rec.Exit)
-			continue
-		}
-		rest = append(rest, id)
-	}
-	slices.Sort(rest)
-	insts, err := describe(ctx, p.cfg.EC2, rest)
-	for id, inst := range insts {
-		pod := byInstance[id]
-		switch inst.State.Name {
-		case ec2types.InstanceStateNamePending:
-			out[pod.UID] = pending(pod)
-		case ec2types.InstanceStateNameRunning:
-			out[pod.UID] = running(pod, aws.ToTime(inst.LaunchTime))
-		default:
+		} else if _, described := insts[id]; described {
 			// Gone with no exit recorded: Reaper waits for a late exit
 			// line and then finalizes the Pod; a status written here
 			// would pre-empt it.
 			out[pod.UID] = pod.Status.DeepCopy()
 		}
 	}
-	return out, err
+	return out, describeErr
 }
 
 // describeIDs is EC2's limit on the instance ids one DescribeInstances
