@@ -31,7 +31,19 @@ type Function struct {
 
 	mu   sync.Mutex
 	logs *string // snapshot taken by Stop, before the log file goes away
+	// cgroup is the CPU cgroup LimitCPU made, removed by Stop.
+	cgroup string
 }
+
+// lambdaMBPerVCPU is the memory at which Lambda gives a function the
+// equivalent of one vCPU; it allocates CPU in proportion to memory
+// (Lambda developer guide, "Configure Lambda function memory").
+const lambdaMBPerVCPU = 1769
+
+// LambdaVCPU is the CPU share, in vCPUs, Lambda gives a function with
+// memoryMB of memory: what LimitCPU gives a lab function to run it as
+// Lambda would.
+func LambdaVCPU(memoryMB int) float64 { return float64(memoryMB) / lambdaMBPerVCPU }
 
 // FunctionError is an error the function returned (or a crash or timeout
 // of it), which Lambda reports as a function error rather than an API error.
@@ -199,11 +211,16 @@ func (f *Function) InitDurations() []time.Duration {
 	return out
 }
 
+// PID is the emulator's process id; the bootstrap runs as its child
+// (ChildPIDs), once the first Invoke has started it.
+func (f *Function) PID() int { return f.proc.cmd.Process.Pid }
+
 // Stop kills the emulator and the bootstrap and removes the working
 // directory. Logs stay readable. It is idempotent.
 func (f *Function) Stop() {
 	f.stopped.Do(func() {
 		f.kill()
+		f.removeCgroup()
 		logs := f.Logs()
 		f.mu.Lock()
 		f.logs = &logs

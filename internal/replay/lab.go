@@ -148,6 +148,12 @@ type LabOptions struct {
 	// MaxReceiveCount receives move a message to the dead-letter queue
 	// (default 5).
 	MaxReceiveCount int
+	// ReconcilerMemoryMB, when set, runs each reconciler with the CPU
+	// Lambda gives a function of that much memory (labstack.LambdaVCPU,
+	// through Function.LimitCPU). Unset, the reconcilers share the whole
+	// machine, more CPU than a deployed reconciler of less than 1,769 MB
+	// has.
+	ReconcilerMemoryMB int
 }
 
 func (o LabOptions) withDefaults() LabOptions {
@@ -273,6 +279,12 @@ func NewLabWith(ctx context.Context, stack *labstack.Stack, table string, bootst
 			}
 			if name == metrics.FunctionReconciler {
 				l.Reconcilers = append(l.Reconcilers, f)
+				if opts.ReconcilerMemoryMB > 0 {
+					if err := f.LimitCPU(labstack.LambdaVCPU(opts.ReconcilerMemoryMB)); err != nil {
+						l.Stop()
+						return nil, err
+					}
+				}
 			}
 			if l.Functions[name] == nil {
 				l.Functions[name] = f
