@@ -136,6 +136,7 @@ var knobs = []knob{
 	{"tagClusterUid", str(func(p *reapercdk.Props) *string { return &p.Tags.ClusterUID })},
 	{"tagPodWritten", str(func(p *reapercdk.Props) *string { return &p.Tags.PodWritten })},
 	{"memoryMb", integer(func(p *reapercdk.Props) *int { return &p.MemoryMB })},
+	{"reconcilerMemoryMb", integer(func(p *reapercdk.Props) *int { return &p.ReconcilerMemoryMB })},
 	{"reservedConcurrency", integer(func(p *reapercdk.Props) *int { return &p.ReservedConcurrency })},
 	{"sweepRate", duration(func(p *reapercdk.Props) *time.Duration { return &p.SweepRate })},
 	{"maxEventAge", duration(func(p *reapercdk.Props) *time.Duration { return &p.MaxEventAge })},

@@ -54,6 +54,7 @@ func TestContextKnobs(t *testing.T) {
 			"tagClusterUid":            "example.com/cluster-uid",
 			"tagPodWritten":            "example.com:pod-written",
 			"memoryMb":                 "512",
+			"reconcilerMemoryMb":       "1769",
 			"reservedConcurrency":      10.0,
 			"sweepRate":                "2m",
 			"maxEventAge":              "30m",
@@ -123,8 +124,9 @@ func TestContextKnobs(t *testing.T) {
 		// The sweeper's reserved concurrency is fixed: one sweep at a time.
 		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"ReservedConcurrentExecutions": 10}, jsii.Number(3))
 		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"ReservedConcurrentExecutions": 1}, jsii.Number(1))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"MemorySize": 512}, jsii.Number(3))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"MemorySize": 1769}, jsii.Number(1))
 		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
-			"MemorySize":    512,
 			"VpcConfig":     map[string]any{"SubnetIds": []any{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"}, "SecurityGroupIds": []any{"sg-0123456789abcdef0"}},
 			"LoggingConfig": map[string]any{"LogFormat": "JSON", "ApplicationLogLevel": "WARN", "SystemLogLevel": "INFO", "LogGroup": map[string]any{"Ref": assertions.Match_AnyValue()}},
 			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{

@@ -89,8 +89,18 @@ type Props struct {
 	// be one the instance metadata can show (no "/").
 	Tags model.TagKeys
 
-	// MemoryMB is each function's memory (default 256).
+	// MemoryMB is the memory of each function but the reconciler
+	// (default 256).
 	MemoryMB int
+	// ReconcilerMemoryMB is the reconciler's memory (default 3538, where
+	// Lambda gives a function two vCPUs: it allocates CPU in proportion to
+	// memory, one vCPU at 1769 MB). A burst costs the reconciler about
+	// 6 ms of CPU an exit (its claim, its two state changes, the Pod
+	// write, the ledger writes; bench/REPORT.md, "Beside a provider"): at
+	// 256 MB two reconcilers end about 45 Pods a second, at 3538 MB up to
+	// 600, as many as their Kubernetes clients send. It runs only while
+	// the queue holds work, so the cost stays small.
+	ReconcilerMemoryMB int
 	// ReservedConcurrency caps each function's concurrency, protecting the
 	// apiserver and the EC2 API from bursts (default 0: unreserved). It
 	// must leave the reconciler ReconcilerMaxConcurrency. The sweeper's is
@@ -180,10 +190,12 @@ type Props struct {
 
 // Defaults of the optional settings.
 const (
-	DefaultBuildDir    = "build"
-	DefaultMemoryMB    = 256
-	DefaultSweepRate   = time.Minute
-	DefaultMaxEventAge = time.Hour
+	DefaultBuildDir = "build"
+	DefaultMemoryMB = 256
+	// DefaultReconcilerMemoryMB: see Props.ReconcilerMemoryMB.
+	DefaultReconcilerMemoryMB = 3538
+	DefaultSweepRate          = time.Minute
+	DefaultMaxEventAge        = time.Hour
 	// DefaultTerminateLatencyAlarm leaves room for the CloudWatch agent's
 	// flush and the subscription's delivery, which take seconds, and for
 	// a retried termination; a p99 above it means instances bill on after
@@ -263,6 +275,7 @@ func (p Props) withDefaults() Props {
 	orDefault(&p.Tags.PodUID, keys.PodUID)
 	orDefault(&p.Tags.ClusterUID, keys.ClusterUID)
 	orDefault(&p.MemoryMB, DefaultMemoryMB)
+	orDefault(&p.ReconcilerMemoryMB, DefaultReconcilerMemoryMB)
 	orDefault(&p.SweepRate, DefaultSweepRate)
 	orDefault(&p.MaxEventAge, DefaultMaxEventAge)
 	orDefault(&p.TerminateLatencyAlarm, DefaultTerminateLatencyAlarm)
@@ -341,6 +354,9 @@ func (p Props) Validate() error {
 	}
 	if p.MemoryMB < 128 || p.MemoryMB > 10240 {
 		bad("MemoryMB %d is outside Lambda's 128..10240", p.MemoryMB)
+	}
+	if p.ReconcilerMemoryMB < 128 || p.ReconcilerMemoryMB > 10240 {
+		bad("ReconcilerMemoryMB %d is outside Lambda's 128..10240", p.ReconcilerMemoryMB)
 	}
 	if p.ReservedConcurrency < 0 {
 		bad("ReservedConcurrency %d is negative", p.ReservedConcurrency)

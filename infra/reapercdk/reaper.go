@@ -489,13 +489,17 @@ func (r *Reaper) function(stack awscdk.Stack, spec function) awslambda.Function 
 		reserved = jsii.Number(p.ReservedConcurrency)
 	}
 	env := r.environment(spec)
+	memory := p.MemoryMB
+	if spec.consumes {
+		memory = p.ReconcilerMemoryMB
+	}
 	props := &awslambda.FunctionProps{
 		Description:                  jsii.String(spec.description),
 		Runtime:                      awslambda.Runtime_PROVIDED_AL2023(),
 		Architecture:                 awslambda.Architecture_ARM_64(),
 		Handler:                      jsii.String("bootstrap"),
 		Code:                         awslambda.Code_FromAsset(jsii.String(filepath.Join(p.BuildDir, spec.name)), nil),
-		MemorySize:                   jsii.Number(p.MemoryMB),
+		MemorySize:                   jsii.Number(memory),
 		Timeout:                      seconds(spec.timeout),
 		ReservedConcurrentExecutions: reserved,
 		Role:                         role,

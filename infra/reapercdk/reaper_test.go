@@ -150,6 +150,12 @@ func TestFunctions(t *testing.T) {
 	tableID, _ := cdktest.Only(t, m, "AWS::DynamoDB::Table")
 	workID, _ := queue(t, m, "Work")
 	for id, timeout := range map[string]float64{"ExitRecorder": 60, "StateChange": 60, "Sweeper": 300, "Reconciler": 300} {
+		// The reconciler has two vCPUs for a burst's writes; the others
+		// make a call or two an event.
+		memory := 256
+		if id == "Reconciler" {
+			memory = 3538
+		}
 		env := map[string]any{
 			"REAPER_TABLE":             map[string]any{"Ref": tableID},
 			"REAPER_CLUSTER":           "demo",
@@ -181,7 +187,7 @@ func TestFunctions(t *testing.T) {
 					"Runtime":       "provided.al2023",
 					"Architectures": []any{"arm64"},
 					"Handler":       "bootstrap",
-					"MemorySize":    256,
+					"MemorySize":    memory,
 					"Timeout":       timeout,
 					"LoggingConfig": map[string]any{
 						"LogFormat": "JSON", "ApplicationLogLevel": "INFO", "SystemLogLevel": "INFO",
@@ -948,6 +954,7 @@ func allOptions() reapercdk.Props {
 		TableName:             "reaper-ledger",
 		TableRemovalPolicy:    awscdk.RemovalPolicy_DESTROY,
 		MemoryMB:              512,
+		ReconcilerMemoryMB:    1769,
 		ReservedConcurrency:   5,
 		SweepRate:             5 * time.Minute,
 		MaxEventAge:           2 * time.Hour,
@@ -983,8 +990,12 @@ func TestOptions(t *testing.T) {
 		// The sweeper keeps its reserved concurrency of 1.
 		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"ReservedConcurrentExecutions": 5}, jsii.Number(3))
 		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"ReservedConcurrentExecutions": 1}, jsii.Number(1))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"MemorySize": 512}, jsii.Number(3))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"MemorySize":  1769,
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{"REAPER_RECONCILER_CONCURRENCY": "4"})},
+		}, jsii.Number(1))
 		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
-			"MemorySize":    512,
 			"VpcConfig":     map[string]any{"SubnetIds": []any{"subnet-0123456789abcdef0", "subnet-0fedcba9876543210"}, "SecurityGroupIds": []any{"sg-0123456789abcdef0"}},
 			"LoggingConfig": assertions.Match_ObjectLike(&map[string]any{"ApplicationLogLevel": "DEBUG"}),
 			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
@@ -1150,25 +1161,26 @@ func TestValidate(t *testing.T) {
 		props reapercdk.Props
 		want  string
 	}{
-		"no access":        {reapercdk.Props{}, "no Kubernetes access"},
-		"both access":      {reapercdk.Props{EKSCluster: "a", KubeconfigSecretArn: "arn:aws:secretsmanager:x"}, "only one"},
-		"secret not arn":   {reapercdk.Props{KubeconfigSecretArn: "my-secret"}, "is not an ARN"},
-		"entry needs eks":  {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "c", EKSAccessEntryGroup: "reaper"}, "needs EKSCluster"},
-		"secret, no name":  {reapercdk.Props{KubeconfigSecretArn: "arn:x"}, "ClusterName is required with KubeconfigSecretArn"},
-		"name not eks":     {reapercdk.Props{EKSCluster: "a", ClusterName: "b"}, `ClusterName "b" differs from EKSCluster "a"`},
-		"name not a tag":   {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "a$b"}, `ClusterName "a$b" is not a valid tag value`},
-		"name not a group": {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "on prem"}, `"/reaper/on prem/exits" derived from the cluster is not valid`},
-		"bad group":        {reapercdk.Props{EKSCluster: "a", ExitLogGroupName: "/reaper/a:exits"}, `ExitLogGroupName "/reaper/a:exits"`},
-		"same tag keys":    {reapercdk.Props{EKSCluster: "a", Tags: model.TagKeys{Cluster: "reaper.io/managed"}}, "the six tag keys must differ"},
-		"system group":     {reapercdk.Props{EKSCluster: "a", EKSAccessEntryGroup: "system:masters"}, "system:"},
-		"sweep seconds":    {reapercdk.Props{EKSCluster: "a", SweepRate: 90 * time.Second}, "SweepRate 1m30s"},
-		"event age":        {reapercdk.Props{EKSCluster: "a", MaxEventAge: 7 * time.Hour}, "MaxEventAge 7h0m0s"},
-		"memory":           {reapercdk.Props{EKSCluster: "a", MemoryMB: 64}, "MemoryMB 64"},
-		"log level":        {reapercdk.Props{EKSCluster: "a", LogLevel: "loud"}, `LogLevel "loud"`},
-		"subnets alone":    {reapercdk.Props{EKSCluster: "a", SubnetIDs: []string{"subnet-1"}}, "SubnetIDs and SecurityGroupIDs"},
-		"removal snapshot": {reapercdk.Props{EKSCluster: "a", TableRemovalPolicy: awscdk.RemovalPolicy_SNAPSHOT}, "RETAIN or DESTROY"},
-		"aws namespace":    {reapercdk.Props{EKSCluster: "a", MetricsNamespace: "AWS/Reaper"}, `MetricsNamespace "AWS/Reaper"`},
-		"quoted namespace": {reapercdk.Props{EKSCluster: "a", MetricsNamespace: `Reaper"a`}, `MetricsNamespace "Reaper\"a"`},
+		"no access":         {reapercdk.Props{}, "no Kubernetes access"},
+		"both access":       {reapercdk.Props{EKSCluster: "a", KubeconfigSecretArn: "arn:aws:secretsmanager:x"}, "only one"},
+		"secret not arn":    {reapercdk.Props{KubeconfigSecretArn: "my-secret"}, "is not an ARN"},
+		"entry needs eks":   {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "c", EKSAccessEntryGroup: "reaper"}, "needs EKSCluster"},
+		"secret, no name":   {reapercdk.Props{KubeconfigSecretArn: "arn:x"}, "ClusterName is required with KubeconfigSecretArn"},
+		"name not eks":      {reapercdk.Props{EKSCluster: "a", ClusterName: "b"}, `ClusterName "b" differs from EKSCluster "a"`},
+		"name not a tag":    {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "a$b"}, `ClusterName "a$b" is not a valid tag value`},
+		"name not a group":  {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "on prem"}, `"/reaper/on prem/exits" derived from the cluster is not valid`},
+		"bad group":         {reapercdk.Props{EKSCluster: "a", ExitLogGroupName: "/reaper/a:exits"}, `ExitLogGroupName "/reaper/a:exits"`},
+		"same tag keys":     {reapercdk.Props{EKSCluster: "a", Tags: model.TagKeys{Cluster: "reaper.io/managed"}}, "the six tag keys must differ"},
+		"system group":      {reapercdk.Props{EKSCluster: "a", EKSAccessEntryGroup: "system:masters"}, "system:"},
+		"sweep seconds":     {reapercdk.Props{EKSCluster: "a", SweepRate: 90 * time.Second}, "SweepRate 1m30s"},
+		"event age":         {reapercdk.Props{EKSCluster: "a", MaxEventAge: 7 * time.Hour}, "MaxEventAge 7h0m0s"},
+		"memory":            {reapercdk.Props{EKSCluster: "a", MemoryMB: 64}, "MemoryMB 64"},
+		"reconciler memory": {reapercdk.Props{EKSCluster: "a", ReconcilerMemoryMB: 20000}, "ReconcilerMemoryMB 20000"},
+		"log level":         {reapercdk.Props{EKSCluster: "a", LogLevel: "loud"}, `LogLevel "loud"`},
+		"subnets alone":     {reapercdk.Props{EKSCluster: "a", SubnetIDs: []string{"subnet-1"}}, "SubnetIDs and SecurityGroupIDs"},
+		"removal snapshot":  {reapercdk.Props{EKSCluster: "a", TableRemovalPolicy: awscdk.RemovalPolicy_SNAPSHOT}, "RETAIN or DESTROY"},
+		"aws namespace":     {reapercdk.Props{EKSCluster: "a", MetricsNamespace: "AWS/Reaper"}, `MetricsNamespace "AWS/Reaper"`},
+		"quoted namespace":  {reapercdk.Props{EKSCluster: "a", MetricsNamespace: `Reaper"a`}, `MetricsNamespace "Reaper\"a"`},
 		"name not a namespace": {
 			reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "gpu@prod", ExitLogGroupName: "/gpu/exits"},
 			`the metrics namespace "Reaper/gpu@prod" derived from the cluster is not valid`,

@@ -40,11 +40,14 @@ func RESTConfig(ctx context.Context, access config.KubeAccess, awsCfg aws.Config
 	}
 	cfg.Timeout = requestTimeout
 	cfg.UserAgent = "reaper"
-	// A reconciler batch writes hundreds of Pods, three requests each: at
-	// 50 QPS a batch of 380 took 21 s in the burst benchmark, and the Pods
-	// waited on the client, not on the apiserver. Karpenter's defaults
-	// (200, burst 300); the apiserver's API Priority and Fairness, not this
-	// limit, is what keeps other clients served.
-	cfg.QPS, cfg.Burst = 200, 300
+	// A burst's Pod writes are two requests a Pod (the status patch and its
+	// Event). At 200 QPS a reconciler writes 100 Pods a second, and 10,000
+	// Pods ending within 10 s would wait on the client for a median of
+	// about 23 s; at 600 it writes up to 300 a second, about what its CPU
+	// allows at the deployed memory (bench/REPORT.md, "Beside a
+	// provider"). The apiserver's API Priority and Fairness
+	// (deploy/flowcontrol.yaml), not this limit, keeps other clients
+	// served: Reaper's requests beyond its seats wait in its own queues.
+	cfg.QPS, cfg.Burst = 600, 900
 	return cfg, nil
 }
