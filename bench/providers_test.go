@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/internal/replay"
 )
 
@@ -23,7 +25,25 @@ const (
 	// providersTag is the REAPER_TAG_POD_WRITTEN of the hosts that wait
 	// for it.
 	providersTag = "reaper.io:pod-written"
+	// deployedReconcilerMemoryMB is the reconciler's memory as
+	// infra/reapercdk deploys it (DefaultReconcilerMemoryMB): the lab's
+	// reconcilers get the CPU Lambda gives it.
+	deployedReconcilerMemoryMB = 3538
 )
+
+// reconcilerMemoryMB is deployedReconcilerMemoryMB, or
+// REAPER_BENCH_RECONCILER_MEMORY_MB.
+func reconcilerMemoryMB(b *testing.B) int {
+	v := os.Getenv("REAPER_BENCH_RECONCILER_MEMORY_MB")
+	if v == "" {
+		return deployedReconcilerMemoryMB
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 128 || n > 10240 {
+		b.Fatalf("REAPER_BENCH_RECONCILER_MEMORY_MB=%q: want Lambda's 128 to 10240", v)
+	}
+	return n
+}
 
 // providerRuns are BenchmarkBurstProviders' runs: each provider style with
 // the hosts it needs.
@@ -75,6 +95,7 @@ func BenchmarkBurstProviders(b *testing.B) {
 			w := getWorld(b)
 			ctx := context.Background()
 			scale := refillScale(b)
+			memory := reconcilerMemoryMB(b)
 			hosts := &replay.Hosts{
 				PowerOffMin: 3 * time.Second, PowerOffMax: 7 * time.Second, NeverPowerOff: 0.1,
 				LineAgeMin: 300 * time.Millisecond, LineAgeMax: 1500 * time.Millisecond, Seed: hostsSeed,
@@ -84,7 +105,7 @@ func BenchmarkBurstProviders(b *testing.B) {
 			}
 			burst, err := replay.NewBurst(ctx, w.stack, "reaper-bench-provider-"+run.provider.String(), buildBootstraps(b), replay.BurstOptions{
 				Exits: exits, Scale: scale, StateChanges: true, Progress: os.Stderr, Hosts: hosts, Provider: run.provider,
-				Lab: replay.LabOptions{Env: []string{"REAPER_POWER_OFF_GRACE=" + providersGrace.String()}},
+				Lab: replay.LabOptions{Env: []string{"REAPER_POWER_OFF_GRACE=" + providersGrace.String()}, ReconcilerMemoryMB: memory},
 			})
 			if err != nil {
 				b.Fatal(err)
@@ -92,13 +113,19 @@ func BenchmarkBurstProviders(b *testing.B) {
 			b.Cleanup(burst.Stop)
 			for range b.N {
 				w.stack.EC2.EnableBuckets(ec2server.PublishedLimits(), scale)
+				cpu0, machine0 := bootstrapsCPU(burst.Lab.Reconcilers), sampleCPU()
 				b.StartTimer()
+				start := time.Now()
 				res, err := burst.Run(ctx)
+				wall := time.Since(start)
 				b.StopTimer()
+				reconcilerCPU := bootstrapsCPU(burst.Lab.Reconcilers) - cpu0
+				machine := labCPU(sampleCPU().sub(machine0), reconcilerCPU)
+				machine["wall"] = wall
 				w.stack.EC2.DisableBuckets()
 				if res != nil {
-					reportProviders(b, res, run.waitForTag)
-					if err := writeTimeline(fmt.Sprintf("burst-providers-%s%s%s.csv", run.provider, scaleSuffix(scale), exitsSuffix(exits)), res); err != nil {
+					reportProviders(b, res, run.waitForTag, memory, machine)
+					if err := writeTimeline(fmt.Sprintf("burst-providers-%s%s%s%s.csv", run.provider, scaleSuffix(scale), exitsSuffix(exits), memorySuffix(memory)), res); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -123,6 +150,50 @@ func exitsSuffix(exits int) string {
 	return fmt.Sprintf("-%d", exits)
 }
 
+// labCPU splits the machine's CPU use between two samples (cpuSample.sub)
+// into the parts a burst's table shows: the apiserver, etcd, dynalite, the
+// benchmark process, the reconcilers' bootstraps (reconcilers, which the
+// samples do not see apart) and "rest", everything else the machine did
+// (the other functions, the emulators, other work).
+func labCPU(used map[string]time.Duration, reconcilers time.Duration) map[string]time.Duration {
+	out := map[string]time.Duration{"reconcilers": reconcilers}
+	var rest time.Duration
+	for k, v := range used {
+		switch k {
+		case "apiserver", "etcd", "dynalite", "bench":
+			out[k] = v
+		default:
+			rest += v
+		}
+	}
+	out["rest"] = max(0, rest-reconcilers)
+	return out
+}
+
+// bootstrapsCPU is the CPU time the functions' bootstraps (the emulators'
+// children) have used so far: what runs inside a Lambda sandbox, on the
+// CPU share its memory buys.
+func bootstrapsCPU(fs []*labstack.Function) time.Duration {
+	var total time.Duration
+	for _, f := range fs {
+		for _, pid := range labstack.ChildPIDs(f.PID()) {
+			if _, cpu, ok := procCPU(pid); ok {
+				total += cpu
+			}
+		}
+	}
+	return total
+}
+
+// memorySuffix names the timelines of runs whose reconcilers have another
+// memory than the deployed one.
+func memorySuffix(mb int) string {
+	if mb == deployedReconcilerMemoryMB {
+		return ""
+	}
+	return fmt.Sprintf("-%dmb", mb)
+}
+
 // checkProviders fails the benchmark unless every Pod ended with its
 // exit's truth and every instance is gone.
 func checkProviders(b *testing.B, res *replay.BurstResult) {
@@ -136,8 +207,21 @@ func checkProviders(b *testing.B, res *replay.BurstResult) {
 
 // reportProviders reports a burst beside a provider and writes its table to
 // stderr.
-func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool) {
+//
+// cpu is the CPU each part of the lab used during the run (labCPU) and
+// "wall", the run's time.
+func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool, memoryMB int, cpu map[string]time.Duration) {
+	reconcilerCPU := cpu["reconcilers"]
 	n := float64(res.Exits)
+	var lastDelivery, lastTerminal time.Time
+	for _, p := range res.Pods {
+		if p.Delivered.After(lastDelivery) {
+			lastDelivery = p.Delivered
+		}
+		if p.Terminal.After(lastTerminal) {
+			lastTerminal = p.Terminal
+		}
+	}
 	lat := res.PodLatencies()
 	all, allGone := res.AllGone()
 	never, early, tagged := 0, 0, 0
@@ -175,6 +259,8 @@ func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool) {
 	b.ReportMetric(all.Seconds(), "all-gone-s")
 	b.ReportMetric(percentile(lat, 50).Seconds(), "pod-terminal-p50-s")
 	b.ReportMetric(percentile(lat, 99).Seconds(), "pod-terminal-p99-s")
+	b.ReportMetric(lastTerminal.Sub(lastDelivery).Seconds(), "last-pod-after-last-delivery-s")
+	b.ReportMetric(ms(reconcilerCPU)/n, "reconciler-cpu-ms/exit")
 
 	var t strings.Builder
 	row := func(what, v string) { fmt.Fprintf(&t, "| %s | %s |\n", what, v) }
@@ -182,10 +268,11 @@ func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool) {
 	if waitForTag {
 		trigger = "Reaper's Pod-written tag"
 	}
-	fmt.Fprintf(&t, "\n| %d exits, provider %s, hosts powering off after %s, refill × %g, REAPER_POWER_OFF_GRACE %s | |\n|---|---|\n",
-		res.Exits, res.Provider, trigger, res.Scale, providersGrace)
+	fmt.Fprintf(&t, "\n| %d exits, provider %s, hosts powering off after %s, refill × %g, REAPER_POWER_OFF_GRACE %s, reconcilers at %d MB (%.2f vCPU) | |\n|---|---|\n",
+		res.Exits, res.Provider, trigger, res.Scale, providersGrace, memoryMB, labstack.LambdaVCPU(memoryMB))
 	row("Pods not ending with their exit's truth (WrongPods)", fmt.Sprintf("%d (%.1f%% of N)", len(res.WrongPods), 100*float64(len(res.WrongPods))/n))
 	row("Pod terminal after its delivery, p50 / p99", fmt.Sprintf("%s / %s", secs(percentile(lat, 50)), secs(percentile(lat, 99))))
+	row("last delivery after the first / last Pod terminal after the last delivery", fmt.Sprintf("%s / %s", secs(lastDelivery.Sub(res.FirstDelivery)), secs(lastTerminal.Sub(lastDelivery))))
 	row("hosts drawn never to power off / that powered off / of them before their Pod was terminal", fmt.Sprintf("%d / %d / %d", never, res.PoweredOff, early))
 	if waitForTag {
 		row("hosts that saw the Pod-written tag", fmt.Sprint(tagged))
@@ -205,6 +292,9 @@ func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool) {
 	row("state-change events delivered", fmt.Sprint(res.StateEvents))
 	row("reconciler invocations (failed), deferred", fmt.Sprintf("%d (%d), %d", res.Invocations, res.FailedInvocations, deferred))
 	row("dead-lettered", fmt.Sprint(res.DeadLettered))
+	row("the reconcilers' CPU per exit (their bootstraps')", fmt.Sprintf("%.2f ms", ms(reconcilerCPU)/n))
+	row(fmt.Sprintf("CPU during the run (%s × %d cores): apiserver / etcd / dynalite / the bench process (provider, EC2 and SQS servers) / reconcilers / the rest", secs(cpu["wall"]), runtime.NumCPU()),
+		fmt.Sprintf("%s / %s / %s / %s / %s / %s", secs(cpu["apiserver"]), secs(cpu["etcd"]), secs(cpu["dynalite"]), secs(cpu["bench"]), secs(reconcilerCPU), secs(cpu["rest"])))
 	row("Kubernetes / DynamoDB / SQS requests per exit (Reaper's)", fmt.Sprintf("%.2f / %.2f / %.2f", float64(sum(res.Kube))/n, float64(sum(res.Dynamo))/n, float64(sum(res.SQS))/n))
 	fmt.Fprintf(os.Stderr, "%s", t.String())
 	if len(res.WrongPods) > 0 {
