@@ -267,13 +267,8 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 	}
 	if exit.goneFirst {
 		lab.Stack.EC2.SetState(id, ec2server.Terminated)
-		time.Sleep(5 * syncPeriod)
-		got, err := lab.Stack.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
+		if err := staysRunning(ctx, pod, "when its instance went, before its exit line"); err != nil {
 			return sum, err
-		}
-		if got.Status.Phase != corev1.PodRunning {
-			return sum, fmt.Errorf("pod %s turned %s when its instance went, before its exit line", pod.Name, got.Status.Phase)
 		}
 	}
 	finished := time.Now().UTC().Truncate(time.Millisecond)
@@ -284,13 +279,8 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 		}
 		// The provider reads the ledger only for instances that ended:
 		// while this one runs, the exit is Reaper's to write.
-		time.Sleep(5 * syncPeriod)
-		got, err := lab.Stack.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
+		if err := staysRunning(ctx, pod, "from the ledger while its instance ran"); err != nil {
 			return sum, err
-		}
-		if got.Status.Phase != corev1.PodRunning {
-			return sum, fmt.Errorf("pod %s turned %s from the ledger while its instance ran", pod.Name, got.Status.Phase)
 		}
 		lab.Stack.EC2.SetState(id, ec2server.ShuttingDown)
 		return intake.ExitSummary{InstanceID: id, Lines: 1, Recorded: 1}, nil
@@ -303,6 +293,20 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 		return sum, dryLab.Invoke(ctx, "exitrecorder", payload, &sum)
 	}
 	return sum, lab.Invoke(ctx, recorder, payload, &sum)
+}
+
+// staysRunning waits several of the provider's status periods and fails
+// unless the Pod is still Running; when says in what situation it turned.
+func staysRunning(ctx context.Context, pod *corev1.Pod, when string) error {
+	time.Sleep(5 * syncPeriod)
+	got, err := lab.Stack.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if got.Status.Phase != corev1.PodRunning {
+		return fmt.Errorf("pod %s turned %s %s", pod.Name, got.Status.Phase, when)
+	}
+	return nil
 }
 
 // instanceOf finds the Pod's instance by its launch tags.
