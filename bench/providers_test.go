@@ -296,6 +296,10 @@ func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool, mem
 	row(fmt.Sprintf("CPU during the run (%s × %d cores): apiserver / etcd / dynalite / the bench process (provider, EC2 and SQS servers) / reconcilers / the rest", secs(cpu["wall"]), runtime.NumCPU()),
 		fmt.Sprintf("%s / %s / %s / %s / %s / %s", secs(cpu["apiserver"]), secs(cpu["etcd"]), secs(cpu["dynalite"]), secs(cpu["bench"]), secs(reconcilerCPU), secs(cpu["rest"])))
 	row("Kubernetes / DynamoDB / SQS requests per exit (Reaper's)", fmt.Sprintf("%.2f / %.2f / %.2f", float64(sum(res.Kube))/n, float64(sum(res.Dynamo))/n, float64(sum(res.SQS))/n))
+	// API Priority and Fairness charges a LIST page of 500 ten seats, any
+	// other request of Reaper's one.
+	row("Kubernetes: LIST pages / GETs of Pods; API Priority and Fairness seats per exit", fmt.Sprintf("%d / %d; %.2f",
+		res.Kube["LIST pods"], res.Kube["GET pods"], float64(sum(res.Kube)+9*res.Kube["LIST pods"])/n))
 	fmt.Fprintf(os.Stderr, "%s", t.String())
 	if len(res.WrongPods) > 0 {
 		fmt.Fprintf(os.Stderr, "wrong Pods: %s\n", strings.Join(res.WrongPods[:min(len(res.WrongPods), 50)], ", "))

@@ -19,6 +19,15 @@ import (
 // client-go's pager uses, which the apiserver serves without strain.
 const listPageSize = 500
 
+// seatsPerPage is what the apiserver's API Priority and Fairness charges a
+// LIST page against Reaper's priority level, in the seats a GET takes: its
+// list work estimator counts a paginated LIST as twice its limit in
+// objects, one seat per 100 objects, at most 10 seats. A page costs as
+// much as ten GETs, and the Pods it carries cost the reconciler's CPU to
+// decode: a batch of 65 Pods in a namespace of 10,000 listed the whole
+// namespace, 20 pages for 65 Pods.
+const seatsPerPage = 10
+
 // Parallel reads: namespaces read at once by ReadMany, and GETs in flight
 // within one namespace (the reconciler writes 8 Pods at a time too).
 const (
@@ -28,9 +37,11 @@ const (
 
 // ReadMany reads the Pods refs name, each snapshot meaning what Read's
 // does, in about one request per 500 Pods of their namespaces: it LISTs
-// each namespace in pages rather than GET each Pod. A namespace never costs
-// much more than one request per Pod wanted from it: one wanted Pod is
-// read with a GET, and when the pages left to list outnumber the Pods
+// each namespace in pages rather than GET each Pod, as long as that costs
+// the apiserver less. A namespace never costs much more than a GET per Pod
+// wanted from it, counted in API Priority and Fairness seats
+// (seatsPerPage): up to seatsPerPage wanted Pods are read with GETs, and
+// when the pages left to list would cost more seats than GETs of the Pods
 // still wanted, those are read with GETs instead.
 //
 // A LIST is one consistent read: a Pod missing from a complete list is
@@ -94,9 +105,9 @@ func (r *readResults) failed(err error) {
 }
 
 // readNamespace reads the Pods of one namespace that wanted names (each
-// name's refs): in LIST pages while they cost fewer requests than GETs.
+// name's refs): in LIST pages while they cost fewer seats than GETs.
 func (w *StatusWriter) readNamespace(ctx context.Context, ns string, wanted map[string][]model.PodRef, out *readResults) {
-	if len(wanted) == 1 {
+	if len(wanted) <= seatsPerPage {
 		w.getEach(ctx, wanted, out)
 		return
 	}
@@ -135,7 +146,7 @@ func (w *StatusWriter) readNamespace(ctx context.Context, ns string, wanted map[
 				out.found(refs, nil)
 			}
 			return
-		case page.RemainingItemCount != nil && pagesFor(*page.RemainingItemCount) >= int64(len(wanted)):
+		case page.RemainingItemCount != nil && seatsPerPage*pagesFor(*page.RemainingItemCount) >= int64(len(wanted)):
 			w.getEach(ctx, wanted, out)
 			return
 		}

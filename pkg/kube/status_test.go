@@ -306,8 +306,11 @@ func TestReadManyPages(t *testing.T) {
 }
 
 // TestReadManySparse: a few Pods wanted from a namespace of many cost about
-// one request each, not a LIST of the whole namespace.
+// one GET each, not a LIST of the whole namespace, counted in the seats
+// API Priority and Fairness charges: ten for a LIST page of 500, one for
+// a GET.
 func TestReadManySparse(t *testing.T) {
+	const seatsPerPage = 10 // a LIST page of 500: 2 × 500 objects, 100 a seat
 	r := newRig(t)
 	ctx := t.Context()
 	crowded := r.namespace(t, "crowded", roleFull)
@@ -315,22 +318,29 @@ func TestReadManySparse(t *testing.T) {
 	for _, c := range []struct {
 		what   string
 		wanted []model.PodRef
-		most   int
+		// most is the most seats the reads may take.
+		most int
 	}{
 		{"one Pod", refs[1999:], 1},
-		{"two Pods past the first page", refs[1998:], 3},
-		{"three Pods past the first page", refs[1997:], 4},
+		{"two Pods past the first page", refs[1998:], 2},
 		{"three Pods, one on the first page", []model.PodRef{refs[3], refs[1000], refs[1999]}, 3},
+		{"ten Pods past the first page", refs[1990:], 10},
+		// One page tells the namespace's size; 1,500 Pods left to list
+		// would take 30 seats, 20 GETs take 20.
+		{"twenty Pods past the first page", refs[1980:], seatsPerPage + 20},
+		// 30 seats of pages against 100 GETs: the pages.
+		{"a hundred Pods past the first page", refs[1900:], 4 * seatsPerPage},
 	} {
 		r.proxy.Calls.Reset()
 		snaps, err := r.writer.ReadMany(ctx, c.wanted)
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := len(r.proxy.Calls.Calls())
-		t.Logf("%s of 2,000: %d requests %v", c.what, n, r.counts())
-		if n > c.most {
-			t.Errorf("%s of 2,000: %d requests %v, want at most %d", c.what, n, r.counts(), c.most)
+		n, counts := len(r.proxy.Calls.Calls()), r.counts()
+		seats := n + (seatsPerPage-1)*counts["LIST pods"]
+		t.Logf("%s of 2,000: %d requests %v, %d seats", c.what, n, counts, seats)
+		if seats > c.most {
+			t.Errorf("%s of 2,000: %d requests %v, %d seats; want at most %d seats", c.what, n, counts, seats, c.most)
 		}
 		for _, ref := range c.wanted {
 			if snaps[ref].Result != kube.Current {
