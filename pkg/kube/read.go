@@ -29,7 +29,8 @@ const listPageSize = 500
 const seatsPerPage = 10
 
 // Parallel reads: namespaces read at once by ReadMany, and GETs in flight
-// within one namespace (the reconciler writes 8 Pods at a time too).
+// within one namespace (reads come before a batch's writes, which have
+// 32 in flight).
 const (
 	namespaceWorkers = 4
 	getWorkers       = 8
