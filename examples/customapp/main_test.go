@@ -10,6 +10,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/infra/cdktest"
 	"github.com/reaper-k8s/reaper/infra/iamcheck"
+	"github.com/reaper-k8s/reaper/infra/reapercdk"
 )
 
 func TestMain(m *testing.M) { cdktest.Main(m) }
@@ -24,8 +25,11 @@ func TestCustomApp(t *testing.T) {
 		tmpl.HasResourceProperties(jsii.String("AWS::DynamoDB::Table"), map[string]any{"TableName": "gpu-pods-ledger"})
 		tmpl.HasResourceProperties(jsii.String("AWS::Logs::LogGroup"), map[string]any{"LogGroupName": "/gpu-pods/exits"})
 		tmpl.HasResourceProperties(jsii.String("AWS::Logs::SubscriptionFilter"), map[string]any{"FilterPattern": `{ $.reaper = "container-exit" }`})
+		// MemoryMB sets every function's memory but the reconciler's, which
+		// keeps its default (ReconcilerMemoryMB).
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"MemorySize": 512}, jsii.Number(3))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{"MemorySize": reapercdk.DefaultReconcilerMemoryMB}, jsii.Number(1))
 		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
-			"MemorySize":    512,
 			"LoggingConfig": assertions.Match_ObjectLike(&map[string]any{"ApplicationLogLevel": "DEBUG"}),
 			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
 				"REAPER_TABLE":             map[string]any{"Ref": assertions.Match_AnyValue()},
