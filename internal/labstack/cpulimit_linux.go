@@ -15,7 +15,7 @@ const cfsPeriod = 100 * time.Millisecond
 // LimitCPU gives the function (the emulator and the bootstrap it starts on
 // the first invocation) at most vcpu CPUs, as Lambda gives a function a
 // share of a CPU in proportion to its memory (LambdaVCPU): it makes a CPU
-// cgroup of the function's own with a CFS quota of vcpu periods a period
+// cgroup of the function's own whose CFS quota is vcpu times its period
 // and moves the emulator into it, where the bootstrap it forks stays. It
 // needs a writable CPU controller, cgroup v2 (cpu.max) or v1
 // (cpu.cfs_quota_us), as root has; Stop removes the cgroup. Call it before

@@ -27,3 +27,12 @@ func TestParseFunctionError(t *testing.T) {
 		}
 	}
 }
+
+// LambdaVCPU follows Lambda's one vCPU per 1,769 MB.
+func TestLambdaVCPU(t *testing.T) {
+	for mb, want := range map[int]float64{1769: 1, 3538: 2, 256: 256.0 / 1769} {
+		if got := LambdaVCPU(mb); got != want {
+			t.Errorf("LambdaVCPU(%d) = %g, want %g", mb, got, want)
+		}
+	}
+}
