@@ -293,7 +293,7 @@ func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool, mem
 	row("reconciler invocations (failed), deferred", fmt.Sprintf("%d (%d), %d", res.Invocations, res.FailedInvocations, deferred))
 	row("dead-lettered", fmt.Sprint(res.DeadLettered))
 	row("the reconcilers' CPU per exit (their bootstraps')", fmt.Sprintf("%.2f ms", ms(reconcilerCPU)/n))
-	row(fmt.Sprintf("CPU during the run (%s × %d cores): apiserver / etcd / dynalite / the bench process (provider, EC2 and SQS servers) / reconcilers / the rest", secs(cpu["wall"]), runtime.NumCPU()),
+	row(fmt.Sprintf("CPU during the run, the Pods' creation and the provider's adoption included (%s × %d cores): apiserver / etcd / dynalite / the bench process (provider, EC2 and SQS servers) / reconcilers / the rest", secs(cpu["wall"]), runtime.NumCPU()),
 		fmt.Sprintf("%s / %s / %s / %s / %s / %s", secs(cpu["apiserver"]), secs(cpu["etcd"]), secs(cpu["dynalite"]), secs(cpu["bench"]), secs(reconcilerCPU), secs(cpu["rest"])))
 	row("Kubernetes / DynamoDB / SQS requests per exit (Reaper's)", fmt.Sprintf("%.2f / %.2f / %.2f", float64(sum(res.Kube))/n, float64(sum(res.Dynamo))/n, float64(sum(res.SQS))/n))
 	// API Priority and Fairness charges a LIST page of 500 ten seats, any
