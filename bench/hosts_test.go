@@ -143,15 +143,13 @@ func reportHosts(b *testing.B, res *replay.BurstResult, grace time.Duration) {
 	n := float64(res.Exits)
 	lat := res.PodLatencies()
 	all, _ := res.AllGone()
-	var lastDelivery, lastTerminal time.Time
+	lastDelivery, lastTerminal := res.Lasts()
 	var gone []time.Duration
 	// both: instances named in TerminateInstances that their host powered
 	// off too; wasted: of those, the ones already shutting down when the
 	// first call naming them arrived.
 	never, both, wasted := 0, 0, 0
 	for _, p := range res.Pods {
-		lastDelivery = later(lastDelivery, p.Delivered)
-		lastTerminal = later(lastTerminal, p.Terminal)
 		if g := p.Gone(); !g.IsZero() {
 			gone = append(gone, g.Sub(p.Delivered))
 		}
@@ -226,13 +224,6 @@ func reportHosts(b *testing.B, res *replay.BurstResult, grace time.Duration) {
 	row("Kubernetes / DynamoDB / SQS requests per exit", fmt.Sprintf("%.2f / %.2f / %.2f", float64(sum(res.Kube))/n, float64(sum(res.Dynamo))/n, float64(sum(res.SQS))/n))
 	row("SQS requests by action", fmt.Sprint(res.SQS))
 	fmt.Fprintf(os.Stderr, "%s\nreconciler batches: %s\n", t.String(), strings.Join(batches, "; "))
-}
-
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }

@@ -213,15 +213,7 @@ func checkProviders(b *testing.B, res *replay.BurstResult) {
 func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool, memoryMB int, cpu map[string]time.Duration) {
 	reconcilerCPU := cpu["reconcilers"]
 	n := float64(res.Exits)
-	var lastDelivery, lastTerminal time.Time
-	for _, p := range res.Pods {
-		if p.Delivered.After(lastDelivery) {
-			lastDelivery = p.Delivered
-		}
-		if p.Terminal.After(lastTerminal) {
-			lastTerminal = p.Terminal
-		}
-	}
+	lastDelivery, lastTerminal := res.Lasts()
 	lat := res.PodLatencies()
 	all, allGone := res.AllGone()
 	never, early, tagged := 0, 0, 0
@@ -259,7 +251,7 @@ func reportProviders(b *testing.B, res *replay.BurstResult, waitForTag bool, mem
 	b.ReportMetric(all.Seconds(), "all-gone-s")
 	b.ReportMetric(percentile(lat, 50).Seconds(), "pod-terminal-p50-s")
 	b.ReportMetric(percentile(lat, 99).Seconds(), "pod-terminal-p99-s")
-	b.ReportMetric(lastTerminal.Sub(lastDelivery).Seconds(), "last-pod-after-last-delivery-s")
+	b.ReportMetric(lastTerminal.Sub(lastDelivery).Seconds(), "last-terminal-after-last-delivery-s")
 	b.ReportMetric(ms(reconcilerCPU)/n, "reconciler-cpu-ms/exit")
 
 	var t strings.Builder

@@ -146,6 +146,20 @@ func (r *BurstResult) AllGone() (time.Duration, bool) {
 	return last.Sub(r.FirstDelivery), true
 }
 
+// Lasts are when the last payload was delivered and when the last Pod was
+// seen terminal (zero if none was).
+func (r *BurstResult) Lasts() (delivered, terminal time.Time) {
+	for _, p := range r.Pods {
+		if p.Delivered.After(delivered) {
+			delivered = p.Delivered
+		}
+		if p.Terminal.After(terminal) {
+			terminal = p.Terminal
+		}
+	}
+	return delivered, terminal
+}
+
 // StillRunning are the instances the EC2 test server did not report
 // shutting-down or terminated once the burst was over.
 func (r *BurstResult) StillRunning() []string {
