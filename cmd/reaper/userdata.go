@@ -40,6 +40,19 @@ need it. -cluster-uid adds the cluster identity tag: the UID of the cluster's
 kube-system namespace. Reaper treats an instance as an orphan only when that
 tag equals the identity of the apiserver it reaches.
 
+-shutdown-mode says when the host powers itself off after the Pod's final
+exit line:
+  when-shipped      once the CloudWatch agent has shipped the line (default)
+  when-pod-written  once Reaper has tagged the instance after writing the Pod
+                    (for a provider that derives the Pod's status from the
+                    instance): needs -tag-key-pod-written, the
+                    REAPER_TAG_POD_WRITTEN of the Reaper deployment, and
+                    every -tag-key-* free of "/" (the instance metadata
+                    cannot show such keys); -o launch then enables the
+                    instance's tags in its metadata
+  after-delay       after -shutdown-delay, leaving the instance to Reaper
+In every mode the host powers off after -shutdown-delay at the latest.
+
 -o selects the output:
   userdata      the user-data script (default)
   wrapper       /usr/local/bin/reaper-wrapper
@@ -67,7 +80,7 @@ func runUserdata(_ context.Context, args []string) error {
 		opts                                                  userdata.Options
 		command, podArgs, env, runArgs                        userdataList
 		tagManaged, tagNamespace, tagName, tagUID, tagCluster string
-		tagClusterUID                                         string
+		tagClusterUID, tagPodWritten                          string
 	)
 	fs.StringVar(&file, "f", "", "Pod JSON file (- for stdin)")
 	fs.StringVar(&output, "o", "userdata", "what to print (see above)")
@@ -89,7 +102,9 @@ func runUserdata(_ context.Context, args []string) error {
 	fs.StringVar(&opts.ExitLogPath, "exit-log", userdata.DefaultExitLogPath, "exit log file on the instance")
 	fs.StringVar(&opts.ContainerCLI, "container-cli", userdata.DefaultContainerCLI, "docker-compatible CLI on the instance")
 	fs.IntVar(&opts.MaxRestarts, "max-restarts", 0, "cap on in-place restarts (0: unlimited)")
-	fs.DurationVar(&opts.ShutdownDelay, "shutdown-delay", userdata.DefaultShutdownDelay, "power off this long after the final exit if still running")
+	fs.StringVar(&opts.ShutdownMode, "shutdown-mode", userdata.ShutdownWhenShipped,
+		"when the host powers off after the final exit: "+userdata.ShutdownWhenShipped+", "+userdata.ShutdownWhenPodWritten+" or "+userdata.ShutdownAfterDelay+" (see above)")
+	fs.DurationVar(&opts.ShutdownDelay, "shutdown-delay", userdata.DefaultShutdownDelay, "power off this long after the final exit at the latest, if still running")
 	fs.Var(&runArgs, "docker-run-arg", "extra docker run argument (repeat, e.g. -docker-run-arg=--gpus -docker-run-arg=all)")
 	fs.BoolVar(&opts.AllowHostNetwork, "allow-host-network", false,
 		"allow -docker-run-arg=--network=host (or --net host): the workload then gets the instance role's credentials from IMDS")
@@ -99,6 +114,8 @@ func runUserdata(_ context.Context, args []string) error {
 	fs.StringVar(&tagUID, "tag-key-uid", model.DefaultTagPodUID, "tag key for the Pod UID")
 	fs.StringVar(&tagCluster, "tag-key-cluster", model.DefaultTagCluster, "tag key for the cluster")
 	fs.StringVar(&tagClusterUID, "tag-key-cluster-uid", model.DefaultTagClusterUID, "tag key for the cluster identity")
+	fs.StringVar(&tagPodWritten, "tag-key-pod-written", "",
+		"tag key Reaper puts on the instance once it has written the Pod (REAPER_TAG_POD_WRITTEN); -shutdown-mode "+userdata.ShutdownWhenPodWritten+" waits for it")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -148,7 +165,7 @@ func runUserdata(_ context.Context, args []string) error {
 	}
 	opts.DockerRunArgs = runArgs
 	opts.TagKeys = model.TagKeys{Managed: tagManaged, PodNamespace: tagNamespace, PodName: tagName, PodUID: tagUID, Cluster: tagCluster,
-		ClusterUID: tagClusterUID}
+		ClusterUID: tagClusterUID, PodWritten: tagPodWritten}
 	if opts.Cluster == "" && (output == "userdata" || output == "tags" || output == "launch") {
 		return fmt.Errorf("-o %s needs -cluster: the name of the Pod's cluster, as in REAPER_CLUSTER of its Reaper deployment", output)
 	}

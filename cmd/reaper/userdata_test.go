@@ -3,7 +3,9 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -122,5 +124,146 @@ func TestUserdataCLIClusterUID(t *testing.T) {
 	if _, err := runUserdataCLI(t, append([]string{"-o", "launch", "-cluster", "prod-eu-1", "-cluster-uid", "kube-system"}, userdataPodFlags...)...); err == nil ||
 		!strings.Contains(err.Error(), "cluster UID") {
 		t.Errorf("-cluster-uid kube-system: %v, want an error", err)
+	}
+}
+
+// metadataTagKeyFlags set every tag key to one the instance metadata can
+// show, as a provider in the when-pod-written mode must (and Reaper's
+// REAPER_TAG_* to match).
+var metadataTagKeyFlags = []string{
+	"-tag-key-managed", "reaper.io:managed", "-tag-key-namespace", "reaper.io:pod-namespace",
+	"-tag-key-name", "reaper.io:pod-name", "-tag-key-uid", "reaper.io:pod-uid",
+	"-tag-key-cluster", "reaper.io:cluster", "-tag-key-cluster-uid", "reaper.io:cluster-uid",
+	"-tag-key-pod-written", "reaper.io:pod-written",
+}
+
+// Every shutdown mode renders through the CLI, so a provider not written in
+// Go can follow any row of the provider-style table: the user-data passes
+// shellcheck as bash and the wrapper's configuration as sh, the
+// configuration, read by sh as the wrapper reads it, carries the mode, the
+// Pod-written tag and the delay, and the launch settings enable the
+// instance's tags in its metadata exactly for when-pod-written.
+func TestUserdataCLIShutdownModes(t *testing.T) {
+	const clusterUID = "3f2a9c1e-7b4d-4e8f-9a6b-1c2d3e4f5a6b"
+	for _, tc := range []struct {
+		mode          string
+		extra         []string
+		podTag        string
+		delay         string
+		metaTags      string
+		clusterTagKey string
+	}{
+		{mode: "", delay: "600", metaTags: "disabled", clusterTagKey: "reaper.io/cluster"},
+		{mode: "when-shipped", extra: []string{"-shutdown-delay", "5m"}, delay: "300", metaTags: "disabled", clusterTagKey: "reaper.io/cluster"},
+		{mode: "when-pod-written", extra: metadataTagKeyFlags, podTag: "reaper.io:pod-written", delay: "600", metaTags: "enabled", clusterTagKey: "reaper.io:cluster"},
+		{mode: "after-delay", extra: []string{"-shutdown-delay", "90s"}, delay: "90", metaTags: "disabled", clusterTagKey: "reaper.io/cluster"},
+	} {
+		name := tc.mode
+		if name == "" {
+			name = "default"
+		}
+		t.Run(name, func(t *testing.T) {
+			args := append([]string{"-cluster", "prod-eu-1", "-cluster-uid", clusterUID}, userdataPodFlags...)
+			if tc.mode != "" {
+				args = append(args, "-shutdown-mode", tc.mode)
+			}
+			args = append(args, tc.extra...)
+			render := func(o string) string {
+				t.Helper()
+				out, err := runUserdataCLI(t, append([]string{"-o", o}, args...)...)
+				if err != nil {
+					t.Fatalf("-o %s: %v", o, err)
+				}
+				return out
+			}
+			ud, conf := render("userdata"), render("config")
+			shellcheckScripts(t, "bash", map[string]string{"user-data": ud})
+			shellcheckScripts(t, "sh", map[string]string{"workload.conf": conf})
+
+			wantMode := tc.mode
+			if wantMode == "" {
+				wantMode = "when-shipped"
+			}
+			got := sourceConfig(t, conf, "REAPER_SHUTDOWN_MODE", "REAPER_POD_WRITTEN_TAG", "REAPER_SHUTDOWN_DELAY")
+			if want := []string{wantMode, tc.podTag, tc.delay}; !slices.Equal(got, want) {
+				t.Errorf("configuration read by sh: mode, pod-written tag, delay = %q, want %q", got, want)
+			}
+			if !strings.Contains(ud, conf) {
+				t.Errorf("the user-data does not install the configuration -o config prints:\n%s", conf)
+			}
+
+			var ls struct {
+				Tags         map[string]string `json:"tags"`
+				MetadataTags string            `json:"metadataTags"`
+			}
+			if out := render("launch"); json.Unmarshal([]byte(out), &ls) != nil {
+				t.Fatalf("-o launch is not JSON:\n%s", out)
+			}
+			if ls.MetadataTags != tc.metaTags || ls.Tags[tc.clusterTagKey] != "prod-eu-1" || len(ls.Tags) != 6 {
+				t.Errorf("-o launch: metadataTags %q (want %q), tags %v (want 6, %s=prod-eu-1)", ls.MetadataTags, tc.metaTags, ls.Tags, tc.clusterTagKey)
+			}
+		})
+	}
+}
+
+// A mode the CLI cannot render as asked is refused with what to set.
+func TestUserdataCLIShutdownModeRefusals(t *testing.T) {
+	base := append([]string{"-o", "userdata", "-cluster", "prod-eu-1"}, userdataPodFlags...)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown mode", []string{"-shutdown-mode", "when-done"}, `shutdown mode "when-done" is not when-shipped, when-pod-written or after-delay`},
+		{"no pod-written tag", append([]string{"-shutdown-mode", "when-pod-written"}, metadataTagKeyFlags[:12]...), "needs TagKeys.PodWritten"},
+		{"default keys with a slash", []string{"-shutdown-mode", "when-pod-written", "-tag-key-pod-written", "reaper.io:pod-written"}, `tag key "reaper.io/managed" cannot be`},
+	} {
+		if _, err := runUserdataCLI(t, append(base, tc.args...)...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// sourceConfig reads the wrapper's configuration with sh, as the wrapper
+// does, and returns the values of vars.
+func sourceConfig(t *testing.T, conf string, vars ...string) []string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "workload.conf")
+	if err := os.WriteFile(p, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script := `. "$1"`
+	for _, v := range vars {
+		script += `; printf '%s\n' "$` + v + `"`
+	}
+	out, err := exec.Command("sh", "-u", "-c", script, "sh", p).Output()
+	if err != nil {
+		t.Fatalf("sh reading the configuration: %v", err)
+	}
+	return strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+}
+
+// shellcheckScripts lints scripts (name -> text) as shell with shellcheck:
+// $REAPER_SHELLCHECK, else PATH. It fails, never skips, without it.
+func shellcheckScripts(t *testing.T, shell string, scripts map[string]string) {
+	t.Helper()
+	bin := os.Getenv("REAPER_SHELLCHECK")
+	if bin == "" {
+		var err error
+		if bin, err = exec.LookPath("shellcheck"); err != nil {
+			t.Fatal(`shellcheck not found: run eval "$(hack/setup.sh)" (installs it and exports REAPER_SHELLCHECK)`)
+		}
+	}
+	dir := t.TempDir()
+	args := []string{"-s", shell}
+	for name, text := range scripts {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, p)
+	}
+	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+		t.Errorf("shellcheck -s %s found problems (%v):\n%s", shell, err, out)
 	}
 }
