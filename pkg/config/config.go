@@ -105,19 +105,12 @@ type Needs struct {
 // Read reads the configuration through getenv (os.Getenv in handlers) and
 // checks that what needs asks for is set.
 func Read(getenv func(string) string, needs Needs) (Config, error) {
+	// Every setting left unset takes its default from Vars.
 	c := Config{
-		Table:                 getenv("REAPER_TABLE"),
-		Cluster:               getenv("REAPER_CLUSTER"),
-		ExitWait:              DefaultExitWait,
-		OrphanGrace:           DefaultOrphanGrace,
-		OrphanCap:             DefaultOrphanCap,
-		TerminateStopped:      true,
-		Tags:                  model.DefaultTagKeys(),
-		MetricsNamespace:      metrics.DefaultNamespace,
-		QueueURL:              getenv("REAPER_QUEUE_URL"),
-		EC2Budget:             model.PublishedBudget(),
-		EC2Share:              DefaultEC2Share,
-		ReconcilerConcurrency: DefaultReconcilerConcurrency,
+		Table:            getenv("REAPER_TABLE"),
+		Cluster:          getenv("REAPER_CLUSTER"),
+		MetricsNamespace: lookup(getenv, metrics.NamespaceEnv),
+		QueueURL:         getenv("REAPER_QUEUE_URL"),
 		Kube: KubeAccess{
 			EKSCluster:       getenv("REAPER_EKS_CLUSTER"),
 			KubeconfigSecret: getenv("REAPER_KUBECONFIG_SECRET"),
@@ -146,9 +139,6 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		parse(getenv, "REAPER_POWER_OFF_GRACE", &c.PowerOffGrace, grace),
 		parse(getenv, "REAPER_LOG_LEVEL", &c.LogLevel, logLevel),
 	)
-	if v := getenv(metrics.NamespaceEnv); v != "" {
-		c.MetricsNamespace = v
-	}
 	for _, t := range []struct {
 		name string
 		key  *string
@@ -161,9 +151,7 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		{"REAPER_TAG_CLUSTER_UID", &c.Tags.ClusterUID},
 		{"REAPER_TAG_POD_WRITTEN", &c.Tags.PodWritten},
 	} {
-		if v := getenv(t.name); v != "" {
-			*t.key = v
-		}
+		*t.key = lookup(getenv, t.name)
 	}
 	switch k := c.Tags.PodWritten; {
 	case k == "":
@@ -184,9 +172,9 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 	return c, nil
 }
 
-// parse sets *dst from the variable when it is set.
+// parse sets *dst from the variable, or from its default when it is unset.
 func parse[T any](getenv func(string) string, name string, dst *T, conv func(string) (T, error)) error {
-	raw := getenv(name)
+	raw := lookup(getenv, name)
 	if raw == "" {
 		return nil
 	}
