@@ -67,18 +67,28 @@ const (
 
 // TagKeys are the launch tag keys a deployment uses.
 type TagKeys struct {
+	// Managed, with the value "true", marks an instance Reaper may
+	// terminate (IAM allows it only there).
 	Managed string
 	// Cluster names the cluster whose Pod the instance runs: an instance is
 	// a deployment's only when this tag equals its cluster name.
-	Cluster      string
+	Cluster string
+	// PodNamespace, PodName and PodUID name the instance's Pod: Reaper
+	// believes an exit line only for the Pod the three name.
 	PodNamespace string
-	PodName      string
-	PodUID       string
-	// ClusterUID is the cluster identity tag (DefaultTagClusterUID).
+	// PodName is the Pod's name (see PodNamespace).
+	PodName string
+	// PodUID is the Pod's UID (see PodNamespace): a Pod replaced by
+	// another of the same name is never written.
+	PodUID string
+	// ClusterUID carries the cluster identity, the UID of the cluster's
+	// kube-system namespace (DefaultTagClusterUID): an instance is an
+	// orphan only when it equals the identity of the apiserver Reaper
+	// reaches, so an instance without it is never terminated as one.
 	ClusterUID string
 	// PodWritten, when set, is the tag Reaper puts on a running instance
-	// once it has written its Pod's terminal status, its value the Pod's
-	// phase: a host that powers itself off only once it reads this tag
+	// once it has written its Pod's terminal status, its value the time of
+	// the write: a host that powers itself off only once it reads this tag
 	// through the instance metadata (userdata.ShutdownWhenPodWritten)
 	// never ends before its Pod tells the truth. It has no default: empty,
 	// Reaper tags nothing. It must be a key the instance metadata can show
