@@ -58,7 +58,7 @@ func NewFleet(client *ec2.Client, keys model.TagKeys, cluster string) *Fleet {
 // Pace makes the Fleet spend at most budget's tokens: each call waits for
 // its tokens, a TerminateInstances names as many instances as the tokens
 // that come before its context's deadline cover, and the work whose
-// tokens would come later is not done but returned as Deferred. waited,
+// tokens would come later is not done but Left with ErrNoTokens. waited,
 // when not nil, is told each wait. Without Pace a Fleet calls at once and
 // leaves throttling to the SDK's retries.
 func (f *Fleet) Pace(budget model.Budget, waited func(time.Duration)) *Fleet {
@@ -71,14 +71,36 @@ func (f *Fleet) Pace(budget model.Budget, waited func(time.Duration)) *Fleet {
 // match instead of failing the whole call.
 const describeChunk = 200
 
-// Describe returns the instances among ids that EC2 knows, describing
-// them describeChunk at a time, in order. Instances it does not know (never
-// existed, or terminated long ago) are absent. When the tokens for the
-// next call would come after the deadline, or EC2 keeps refusing it, the
-// instances found so far come with a *Deferred naming the ids not
-// described.
-func (f *Fleet) Describe(ctx context.Context, ids []string) (map[string]Instance, error) {
-	found := make(map[string]Instance, len(ids))
+// Described is what a Describe learned.
+type Described struct {
+	// Found are the instances EC2 described.
+	Found map[string]Instance
+	// Left are the ids EC2 was not asked about or did not answer for, each
+	// with why: its chunk's error, or, for want of tokens before the
+	// deadline or EC2 refusing (RequestLimitExceeded) until then, an error
+	// for which errors.Is(err, ErrNoTokens) holds; a context deadline is
+	// reported as an error wrapping context.DeadlineExceeded (not
+	// ErrNoTokens).
+	Left map[string]error
+}
+
+// Answered says whether EC2 answered for id: described it, or described its
+// chunk without it (EC2 does not know it). id is one of the ids the
+// Describe was given: every one of those is either answered or Left.
+func (d Described) Answered(id string) bool {
+	_, left := d.Left[id]
+	return !left
+}
+
+// Describe describes the instances ids, describeChunk at a time, in order.
+// Instances EC2 does not know (never existed, or terminated long ago) are
+// neither Found nor Left. A chunk that fails costs its own ids only: they
+// are Left with its error and the next chunk is asked. When there are no
+// tokens for the next chunk before the deadline, EC2 keeps refusing, or
+// the context ends, that chunk and every one after it are Left with that
+// error: asking again before the deadline cannot do better.
+func (f *Fleet) Describe(ctx context.Context, ids []string) Described {
+	d := Described{Found: make(map[string]Instance, len(ids)), Left: map[string]error{}}
 	for start := 0; start < len(ids); start += describeChunk {
 		chunk := ids[start:min(start+describeChunk, len(ids))]
 		// A chunk counts only when described whole: an id absent from a
@@ -86,15 +108,24 @@ func (f *Fleet) Describe(ctx context.Context, ids []string) (map[string]Instance
 		described := make(map[string]Instance, len(chunk))
 		in := &ec2.DescribeInstancesInput{Filters: []types.Filter{{Name: aws.String("instance-id"), Values: chunk}}}
 		err := f.describe(ctx, in, func(i Instance) error { described[i.ID] = i; return nil })
-		if forLater(err) {
-			return found, &Deferred{IDs: slices.Clone(ids[start:]), Cause: err}
+		switch {
+		case err == nil:
+			maps.Copy(d.Found, described)
+		case errors.Is(err, ErrNoTokens) || ctx.Err() != nil:
+			leave(d.Left, ids[start:], err)
+			return d
+		default:
+			leave(d.Left, chunk, err)
 		}
-		if err != nil {
-			return nil, err
-		}
-		maps.Copy(found, described)
 	}
-	return found, nil
+	return d
+}
+
+// leave records ids as left, each with err.
+func leave(left map[string]error, ids []string, err error) {
+	for _, id := range ids {
+		left[id] = err
+	}
 }
 
 // ListOwned calls fn for every instance this deployment owns (the managed
@@ -118,11 +149,8 @@ func (f *Fleet) describe(ctx context.Context, in *ec2.DescribeInstancesInput, fn
 		}
 		sent := time.Now()
 		page, err := p.NextPage(ctx)
-		if refused(err) {
-			f.pacer.describeRefused()
-		}
 		if err != nil {
-			return fmt.Errorf("describe instances: %w", err)
+			return fmt.Errorf("describe instances: %w", callError(err, f.pacer.describeRefused))
 		}
 		for _, r := range page.Reservations {
 			for _, i := range r.Instances {
@@ -175,48 +203,61 @@ const (
 	// NotOwned: it lacks the managed tag or belongs to another cluster;
 	// Reaper never terminates it.
 	NotOwned Termination = "not-owned"
+	// Refused: TerminateInstances will not end it (termination protection,
+	// or a policy); the caller reports it and stops asking for a while.
+	Refused Termination = "refused"
 	// WouldTerminate: a dry run (ReadOnly) decided to terminate it.
 	WouldTerminate Termination = "would-terminate"
 )
+
+// Terminated is what a Terminate did.
+type Terminated struct {
+	// Outcome is what became of each id decided (Terminating, AlreadyGone,
+	// NotOwned, Refused, WouldTerminate).
+	Outcome map[string]Termination
+	// Refusals are EC2's error codes for the ids answered Refused
+	// ("OperationNotPermitted": termination protection).
+	Refusals map[string]string
+	// Left are the ids not decided, each with why (same error conventions
+	// as Described.Left; ids the lookup could not describe are Left with
+	// the lookup's error).
+	Left map[string]error
+}
 
 // TerminateInstances takes at most this many ids a call.
 const terminateChunk = 1000
 
 // Terminate ends the owned instances among ids with one tag lookup and as
 // few TerminateInstances calls as its tokens allow, at most 1,000 ids each,
-// in the order given. Instances already gone count as done. Known
-// instances can be passed to skip the lookup.
+// in the order given. Instances already gone count as done. known are
+// instances already described, to skip the lookup (nil: look them up); an
+// id absent from a non-nil known is taken for one EC2 does not know.
 //
 // TerminateInstances is all-or-nothing: one instance it will not end
 // (termination protection, a policy, an id that vanished) fails the call
 // for all. Such an error costs those instances only: the ids its message
 // names are answered and the rest sent again; when it names none, the call
 // is split in halves until each refusal stands alone. Instances EC2 refused
-// are answered Refused and listed, with EC2's error code, in the
-// *Refusals the error holds.
+// are answered Refused, with EC2's error code in Refusals.
 //
-// The returned map holds every id decided. When the tokens run out before
-// the deadline, or EC2 keeps refusing, the error holds a *Deferred naming
-// the ids not reached: the targets left, then the ids the lookup could not
-// describe.
-func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Termination, error) {
-	out, targets, undescribed, err := f.triage(ctx, ids, known)
-	if err != nil {
-		return nil, err
-	}
-	refusals := Refusals{}
+// A call that fails for another reason (no tokens before the deadline, EC2
+// refusing it for throttling, the deadline, an outage) leaves its ids and
+// those after it Left with its error; what was decided before stays.
+func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]Instance) Terminated {
+	t, targets := f.triage(ctx, ids, known)
 	// groups are the calls still to make, in order; a failed call's
 	// instances come back as smaller groups.
 	groups := [][]string{}
 	if len(targets) > 0 {
 		groups = append(groups, targets)
 	}
-	rest := func() []string { return slices.Concat(groups...) }
 	for len(groups) > 0 {
 		group := groups[0]
 		n, err := f.pacer.terminateCall(ctx, len(group))
 		if err != nil {
-			return out, refusals.join(deferRest(rest(), undescribed, fmt.Errorf("terminate %d instances: %w", len(rest()), err)))
+			rest := slices.Concat(groups...)
+			leave(t.Left, rest, fmt.Errorf("terminate %d instances: %w", len(rest), err))
+			return t
 		}
 		call := group[:n]
 		if n < len(group) {
@@ -229,43 +270,17 @@ func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]In
 		switch {
 		case err == nil:
 			for _, id := range call {
-				out[id] = Terminating
+				t.Outcome[id] = Terminating
 			}
-		case refused(err):
-			f.pacer.terminateRefused()
-			groups = append([][]string{call}, groups...)
-			return out, refusals.join(deferRest(rest(), undescribed, fmt.Errorf("terminate %d instances: %w", n, err)))
-		case errors.As(err, &ae) && concernsInstances(ae.ErrorCode()):
-			groups = append(isolate(call, ae, out, refusals), groups...)
+		case !refused(err) && errors.As(err, &ae) && concernsInstances(ae.ErrorCode()):
+			groups = append(t.isolate(call, ae), groups...)
 		default:
-			groups = append([][]string{call}, groups...)
-			return out, refusals.join(fmt.Errorf("terminate %d instances: %w", len(rest()), err))
+			err = fmt.Errorf("terminate %d instances: %w", len(call), callError(err, f.pacer.terminateRefused))
+			leave(t.Left, slices.Concat(call, slices.Concat(groups...)), err)
+			return t
 		}
 	}
-	if undescribed != nil {
-		return out, refusals.join(undescribed)
-	}
-	return out, refusals.join(nil)
-}
-
-// Refused: TerminateInstances will not end it (termination protection, or
-// a policy); the caller reports it and stops asking for a while.
-const Refused Termination = "refused"
-
-// Refusals are the instances TerminateInstances refused, with EC2's error
-// code for each ("OperationNotPermitted": termination protection).
-type Refusals map[string]string
-
-func (r Refusals) Error() string {
-	return fmt.Sprintf("EC2 refused to terminate %d instances: %v", len(r), map[string]string(r))
-}
-
-// join is err with the refusals, if any.
-func (r Refusals) join(err error) error {
-	if len(r) == 0 {
-		return err
-	}
-	return errors.Join(r, err)
+	return t
 }
 
 // concernsInstances says whether an error code of TerminateInstances is
@@ -285,13 +300,13 @@ var instanceIDInText = regexp.MustCompile(`i-[0-9a-f]{8,17}`)
 // and returns the calls left to make: the call without the ids the error
 // message names, or, when it names none, the call's two halves. A call of
 // one instance is answered.
-func isolate(call []string, ae smithy.APIError, out map[string]Termination, refusals Refusals) [][]string {
+func (t Terminated) isolate(call []string, ae smithy.APIError) [][]string {
 	answer := func(id string) {
 		if ae.ErrorCode() == "InvalidInstanceID.NotFound" {
-			out[id] = AlreadyGone
+			t.Outcome[id] = AlreadyGone
 			return
 		}
-		out[id], refusals[id] = Refused, ae.ErrorCode()
+		t.Outcome[id], t.Refusals[id] = Refused, ae.ErrorCode()
 	}
 	if len(call) == 1 {
 		answer(call[0])
@@ -320,51 +335,32 @@ func isolate(call []string, ae smithy.APIError, out map[string]Termination, refu
 	return [][]string{left}
 }
 
-// deferRest is the error of a Terminate that did not reach targets, nor
-// the ids its lookup left undescribed.
-func deferRest(targets []string, undescribed *Deferred, cause error) error {
-	if !forLater(cause) {
-		return cause
-	}
-	d := &Deferred{IDs: slices.Clone(targets), Cause: cause}
-	if undescribed != nil {
-		d.IDs = append(d.IDs, undescribed.IDs...)
-		d.Cause = errors.Join(cause, undescribed.Cause)
-	}
-	return d
-}
-
 // triage answers for the ids that need no TerminateInstances (gone, or not
-// this deployment's) and returns the others as targets, in order. When the
-// lookup could not describe every id, undescribed names the rest, which
-// are neither answered nor targets.
-func (f *Fleet) triage(ctx context.Context, ids []string, known map[string]Instance) (out map[string]Termination, targets []string, undescribed *Deferred, err error) {
+// this deployment's) and returns the others as targets, in order. Without
+// known, it looks the ids up; those the lookup leaves are Left with its
+// error, neither answered nor targets.
+func (f *Fleet) triage(ctx context.Context, ids []string, known map[string]Instance) (Terminated, []string) {
+	t := Terminated{Outcome: make(map[string]Termination, len(ids)), Refusals: map[string]string{}, Left: map[string]error{}}
 	if known == nil {
-		if known, err = f.Describe(ctx, ids); err != nil && !errors.As(err, &undescribed) {
-			return nil, nil, nil, err
-		}
+		d := f.Describe(ctx, ids)
+		known, t.Left = d.Found, d.Left
 	}
-	var later map[string]bool
-	if undescribed != nil {
-		later = make(map[string]bool, len(undescribed.IDs))
-		for _, id := range undescribed.IDs {
-			later[id] = true
-		}
-	}
-	out = make(map[string]Termination, len(ids))
+	var targets []string
 	for _, id := range ids {
+		if _, left := t.Left[id]; left {
+			continue
+		}
 		i, ok := known[id]
 		switch {
-		case later[id]:
 		case !ok || model.IsEnding(i.State):
-			out[id] = AlreadyGone
+			t.Outcome[id] = AlreadyGone
 		case !i.Owned:
-			out[id] = NotOwned
+			t.Outcome[id] = NotOwned
 		default:
 			targets = append(targets, id)
 		}
 	}
-	return out, targets, undescribed, nil
+	return t, targets
 }
 
 // CreateTags takes at most this many resource ids a call.
@@ -373,7 +369,8 @@ const tagChunk = 1000
 // Tag puts the tag key=value on the instances ids, at most tagChunk ids a
 // CreateTags call, each call waiting for its token. Tagging twice is
 // harmless: the value is replaced. When a call fails, or its token would
-// come after ctx's deadline, the ids not tagged come back with the error.
+// come after ctx's deadline, the ids not tagged come back with the error
+// (same conventions as Described.Left).
 func (f *Fleet) Tag(ctx context.Context, ids []string, key, value string) ([]string, error) {
 	tags := []types.Tag{{Key: aws.String(key), Value: aws.String(value)}}
 	for start := 0; start < len(ids); start += tagChunk {
@@ -381,8 +378,8 @@ func (f *Fleet) Tag(ctx context.Context, ids []string, key, value string) ([]str
 		err := f.pacer.tagCall(ctx)
 		if err == nil {
 			_, err = f.client.CreateTags(ctx, &ec2.CreateTagsInput{Resources: chunk, Tags: tags})
-			if refused(err) {
-				f.pacer.tagRefused()
+			if err != nil {
+				err = callError(err, f.pacer.tagRefused)
 			}
 		}
 		if err != nil {
@@ -395,7 +392,7 @@ func (f *Fleet) Tag(ctx context.Context, ids []string, key, value string) ([]str
 // ReadOnly is the fleet of a dry run: it describes as Fleet does, decides
 // each termination as Fleet.Terminate does, and answers WouldTerminate where
 // Terminate would send TerminateInstances. It sends none, so it spends no
-// terminate tokens: only what its lookup could not describe is deferred.
+// terminate tokens: only what its lookup could not describe is Left.
 type ReadOnly struct {
 	*Fleet
 }
@@ -404,35 +401,33 @@ type ReadOnly struct {
 func (f ReadOnly) Tag(context.Context, []string, string, string) ([]string, error) { return nil, nil }
 
 // Terminate decides and terminates nothing.
-func (f ReadOnly) Terminate(ctx context.Context, ids []string, known map[string]Instance) (map[string]Termination, error) {
-	out, targets, undescribed, err := f.triage(ctx, ids, known)
-	if err != nil {
-		return nil, err
-	}
+func (f ReadOnly) Terminate(ctx context.Context, ids []string, known map[string]Instance) Terminated {
+	t, targets := f.triage(ctx, ids, known)
 	for _, id := range targets {
-		out[id] = WouldTerminate
+		t.Outcome[id] = WouldTerminate
 	}
-	if undescribed != nil {
-		return out, undescribed
-	}
-	return out, nil
+	return t
 }
 
-// refused reports whether EC2 kept refusing a call until the SDK gave up:
-// a RequestLimitExceeded that outlasted its retries, or the deadline
-// reached while it waited to retry.
+// refused reports whether EC2 refused a call for throttling
+// (RequestLimitExceeded) until the SDK gave up retrying it. A call the
+// deadline cut, even while it waited to retry a refusal, is not: backing
+// off would only cost later calls their tokens.
 func refused(err error) bool {
 	var ae smithy.APIError
-	if errors.As(err, &ae) && ae.ErrorCode() == "RequestLimitExceeded" {
-		return true
-	}
-	var canceled *aws.RequestCanceledError
-	return errors.As(err, &canceled) && errors.Is(canceled.Err, context.DeadlineExceeded)
+	return errors.As(err, &ae) && ae.ErrorCode() == "RequestLimitExceeded"
 }
 
-// forLater reports whether err leaves a call's work for later rather than
-// failing it: its tokens would have come after the deadline, or EC2 kept
-// refusing it.
-func forLater(err error) bool {
-	return errors.Is(err, ErrNoTokens) || refused(err)
+// callError is the error of a failed EC2 call as the Fleet reports it. A
+// refusal (RequestLimitExceeded) calls backOff, the pacer's hook for the
+// call's bucket, and is also ErrNoTokens: the account's bucket is spent,
+// so the work is for later. Any other error is the SDK's as it is: a call
+// the context's deadline cut, in flight or while the SDK waited to retry
+// it, wraps context.DeadlineExceeded.
+func callError(err error, backOff func()) error {
+	if refused(err) {
+		backOff()
+		return fmt.Errorf("%w: %w", ErrNoTokens, err)
+	}
+	return err
 }

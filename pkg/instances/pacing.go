@@ -3,7 +3,6 @@ package instances
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -11,28 +10,11 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
-// ErrNoTokens is returned, wrapped, for the calls a Fleet did not make
-// because its share of a bucket would not cover them before the context's
-// deadline. The work is not failed: it is for later.
+// ErrNoTokens is the error, wrapped, of the work a Fleet did not do
+// because its share of a bucket would not cover the calls before the
+// context's deadline, or because EC2 refused them (RequestLimitExceeded)
+// until then. The work is not failed: it is for later.
 var ErrNoTokens = errors.New("EC2 token budget spent until the deadline")
-
-// Deferred is the error of a call that did part of its work: IDs, in the
-// order they were given, were not reached, for want of tokens before the
-// deadline or because EC2 kept refusing (RequestLimitExceeded) until then.
-// Nothing was done to them; they are for a later call. errors.Is(err,
-// ErrNoTokens) holds for it, and errors.As reaches the Cause.
-type Deferred struct {
-	IDs   []string
-	Cause error
-}
-
-func (d *Deferred) Error() string {
-	return fmt.Sprintf("%d instances deferred: %v", len(d.IDs), d.Cause)
-}
-
-// Unwrap makes the error ErrNoTokens, whatever its cause, so that callers
-// that defer work on ErrNoTokens defer these IDs too.
-func (d *Deferred) Unwrap() []error { return []error{ErrNoTokens, d.Cause} }
 
 // callTime is what a call is left of its context: it starts only when
 // its tokens come at least callTime before the deadline, so that it is not

@@ -3,7 +3,9 @@ package instances_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -27,16 +29,28 @@ const cluster = "prod"
 // The client does not retry: a refusal reaches the test.
 func newFleet(t *testing.T, scale float64, n int) (*instances.Fleet, *ec2server.Server, []string) {
 	t.Helper()
+	return newFleetBehind(t, scale, n, nil)
+}
+
+// newFleetBehind is newFleet with the client talking to a front server
+// (see startFront) that intercepts requests, or straight to the test
+// server when intercept is nil; optFns adjust the client's options.
+func newFleetBehind(t *testing.T, scale float64, n int, intercept func(url.Values) verdict, optFns ...func(*ec2.Options)) (*instances.Fleet, *ec2server.Server, []string) {
+	t.Helper()
 	srv := ec2server.New()
 	t.Cleanup(srv.Close)
 	srv.EnableBuckets(ec2server.PublishedLimits(), scale)
+	endpoint := srv.URL()
+	if intercept != nil {
+		endpoint = startFront(t, srv, intercept)
+	}
 	client := ec2.New(ec2.Options{
 		Region:       "us-east-1",
 		Credentials:  credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", ""),
-		BaseEndpoint: aws.String(srv.URL()),
+		BaseEndpoint: aws.String(endpoint),
 		HTTPClient:   &http.Client{Transport: sqsserver.BufferedBodies{}},
 		Retryer:      retry.NewStandard(func(o *retry.StandardOptions) { o.MaxAttempts = 1 }),
-	})
+	}, optFns...)
 	keys := model.DefaultTagKeys()
 	ids := make([]string, n)
 	for i := range ids {
@@ -65,22 +79,19 @@ func TestPacedCallsAreNeverRefused(t *testing.T) {
 	fleet.Pace(scaled(scale).Share(0.5), func(d time.Duration) { waited += d })
 	ctx := t.Context()
 	for range 3 { // 45 lookups of 200: more than the share's 50 at once
-		known, err := fleet.Describe(ctx, ids)
-		if err != nil || len(known) != n {
-			t.Fatalf("describe: %d found, %v", len(known), err)
+		d := fleet.Describe(ctx, ids)
+		if len(d.Found) != n || len(d.Left) != 0 {
+			t.Fatalf("describe: %d found, %d left: %v", len(d.Found), len(d.Left), firstLeft(d.Left))
 		}
 	}
-	known, err := fleet.Describe(ctx, ids)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := fleet.Terminate(ctx, ids, known)
-	if err != nil {
-		t.Fatalf("terminate: %v", err)
+	known := describeAll(t, fleet, ids)
+	res := fleet.Terminate(ctx, ids, known)
+	if len(res.Left) != 0 {
+		t.Fatalf("terminate: %d left: %v", len(res.Left), firstLeft(res.Left))
 	}
 	for _, id := range ids {
-		if out[id] != instances.Terminating {
-			t.Fatalf("%s: %q", id, out[id])
+		if res.Outcome[id] != instances.Terminating {
+			t.Fatalf("%s: %q", id, res.Outcome[id])
 		}
 	}
 	if r := srv.Refusals("TerminateInstances") + srv.Refusals("DescribeInstances"); r != 0 {
@@ -99,25 +110,57 @@ func TestPacedCallsAreNeverRefused(t *testing.T) {
 }
 
 // The same calls unpaced are refused once the buckets are empty: what the
-// pacing prevents.
+// pacing prevents. The refused instances are left for later.
 func TestUnpacedCallsAreRefused(t *testing.T) {
 	fleet, srv, ids := newFleet(t, 1e-6, 1500)
-	if _, err := fleet.Terminate(t.Context(), ids, nil); err == nil {
+	res := fleet.Terminate(t.Context(), ids, nil)
+	if len(res.Left) == 0 {
 		t.Fatal("1,500 instances terminated against a 1,000-token bucket")
 	}
 	if srv.Refusals("TerminateInstances") == 0 {
 		t.Fatal("no refusal")
 	}
+	for id, err := range res.Left {
+		if !errors.Is(err, instances.ErrNoTokens) {
+			t.Fatalf("%s left with %v, want ErrNoTokens", id, err)
+		}
+	}
 }
 
-// deferred returns the Deferred that err must be.
-func deferred(t *testing.T, err error) *instances.Deferred {
+// describeAll describes ids and fails unless every one was answered.
+func describeAll(t *testing.T, fleet *instances.Fleet, ids []string) map[string]instances.Instance {
 	t.Helper()
-	var d *instances.Deferred
-	if !errors.As(err, &d) || !errors.Is(err, instances.ErrNoTokens) {
-		t.Fatalf("error %v, want a Deferred that is ErrNoTokens", err)
+	d := fleet.Describe(t.Context(), ids)
+	if len(d.Left) != 0 {
+		t.Fatalf("describe: %d left: %v", len(d.Left), firstLeft(d.Left))
 	}
-	return d
+	return d.Found
+}
+
+// firstLeft is the error of the first id left, in id order, for messages.
+func firstLeft(left map[string]error) error {
+	if len(left) == 0 {
+		return nil
+	}
+	return left[slices.Min(slices.Collect(maps.Keys(left)))]
+}
+
+// wantLeft fails unless left holds exactly ids, each with an error for
+// which errors.Is(err, target) holds.
+func wantLeft(t *testing.T, left map[string]error, ids []string, target error) {
+	t.Helper()
+	if len(left) != len(ids) {
+		t.Fatalf("%d ids left, want %d", len(left), len(ids))
+	}
+	for _, id := range ids {
+		err, ok := left[id]
+		if !ok {
+			t.Fatalf("%s not left", id)
+		}
+		if !errors.Is(err, target) {
+			t.Fatalf("%s left with %v, want %v", id, err, target)
+		}
+	}
 }
 
 // wantRunning fails unless each of ids is running on the server, or,
@@ -145,10 +188,7 @@ func TestTerminateDoesWhatTheTokensAllow(t *testing.T) {
 	budget := scaled(scale).Share(share)
 	fleet.Pace(budget, nil)
 	resource := budget.TerminateInstances // 500 at once, 500 a second
-	known, err := fleet.Describe(t.Context(), ids)
-	if err != nil {
-		t.Fatal(err)
-	}
+	known := describeAll(t, fleet, ids)
 
 	// Each round's last call starts a second before its deadline, with
 	// what refilled until then: at least half a second's refill (less a
@@ -161,24 +201,19 @@ func TestTerminateDoesWhatTheTokensAllow(t *testing.T) {
 		}
 		callsBefore := srv.CallCount("TerminateInstances")
 		ctx, cancel := context.WithTimeout(t.Context(), deadline)
-		out, err := fleet.Terminate(ctx, left, known)
+		res := fleet.Terminate(ctx, left, known)
 		cancel()
-		done := len(out)
+		done := len(res.Outcome)
 		for _, id := range left[:done] {
-			if out[id] != instances.Terminating {
-				t.Fatalf("round %d: %s: %q", round, id, out[id])
+			if res.Outcome[id] != instances.Terminating {
+				t.Fatalf("round %d: %s: %q", round, id, res.Outcome[id])
 			}
 		}
 		wantRunning(t, srv, false, left[:done])
-		if done < len(left) {
-			d := deferred(t, err)
-			if !slices.Equal(d.IDs, left[done:]) {
-				t.Fatalf("round %d: %d ids deferred, want the %d after the %d terminated", round, len(d.IDs), len(left)-done, done)
-			}
-			wantRunning(t, srv, true, d.IDs)
-		} else if err != nil {
-			t.Fatalf("round %d: all terminated, with %v", round, err)
-		}
+		// The ids left are exactly the untouched rest (every one for
+		// want of tokens), whatever the order of the maps.
+		wantLeft(t, res.Left, left[done:], instances.ErrNoTokens)
+		wantRunning(t, srv, true, left[done:])
 		if round == 1 && (done < resource.Capacity || float64(done) > float64(resource.Capacity)+resource.Refill*deadline.Seconds()) {
 			t.Errorf("first round terminated %d: want at least the %d at hand, at most what refills before the deadline", done, resource.Capacity)
 		}
@@ -212,22 +247,15 @@ func TestDescribeDoesWhatTheTokensAllow(t *testing.T) {
 			t.Fatalf("%d instances left after %d rounds", len(left), maxRounds)
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), deadline)
-		found, err := fleet.Describe(ctx, left)
+		d := fleet.Describe(ctx, left)
 		cancel()
-		done := len(found)
+		done := len(d.Found)
 		for _, id := range left[:done] {
-			if !found[id].Owned {
+			if !d.Found[id].Owned || !d.Answered(id) {
 				t.Fatalf("round %d: %s not found", round, id)
 			}
 		}
-		if done < len(left) {
-			d := deferred(t, err)
-			if !slices.Equal(d.IDs, left[done:]) {
-				t.Fatalf("round %d: %d ids deferred, want the %d after the %d described", round, len(d.IDs), len(left)-done, done)
-			}
-		} else if err != nil {
-			t.Fatalf("round %d: all described, with %v", round, err)
-		}
+		wantLeft(t, d.Left, left[done:], instances.ErrNoTokens)
 		if round == 1 && (done < chunk*budget.Describe.Capacity || float64(done) > chunk*(float64(budget.Describe.Capacity)+budget.Describe.Refill*deadline.Seconds())) {
 			t.Errorf("first round described %d: want at least the %d calls at hand, at most what refills before the deadline", done, budget.Describe.Capacity)
 		}
@@ -248,17 +276,17 @@ func TestTerminateDefersWhatItCouldNotDescribe(t *testing.T) {
 	fleet.Pace(budget, nil)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
-	out, err := fleet.Terminate(ctx, ids, nil)
-	d := deferred(t, err)
-	if len(out) != 400 || !slices.Equal(d.IDs, ids[400:]) {
-		t.Fatalf("%d decided, %d deferred: want the 400 of two lookups decided, the rest deferred", len(out), len(d.IDs))
+	res := fleet.Terminate(ctx, ids, nil)
+	if len(res.Outcome) != 400 {
+		t.Fatalf("%d decided, %d left: want the 400 of two lookups decided, the rest left", len(res.Outcome), len(res.Left))
 	}
+	wantLeft(t, res.Left, ids[400:], instances.ErrNoTokens)
 	for _, id := range ids[:400] {
-		if out[id] != instances.Terminating {
-			t.Fatalf("%s: %q", id, out[id])
+		if res.Outcome[id] != instances.Terminating {
+			t.Fatalf("%s: %q", id, res.Outcome[id])
 		}
 	}
-	wantRunning(t, srv, true, d.IDs)
+	wantRunning(t, srv, true, ids[400:])
 }
 
 // A TerminateInstances that EC2 refuses, because the account's other
@@ -267,17 +295,17 @@ func TestTerminateDefersWhatItCouldNotDescribe(t *testing.T) {
 func TestRefusedTerminateIsDeferred(t *testing.T) {
 	fleet, srv, ids := newFleet(t, 1, 100)
 	fleet.Pace(model.PublishedBudget().Share(0.5), nil) // 2.5 requests a second
-	known, err := fleet.Describe(t.Context(), ids)
-	if err != nil {
-		t.Fatal(err)
-	}
+	known := describeAll(t, fleet, ids)
 	srv.HoldEmpty("TerminateInstances", time.Minute)
 
-	out, err := fleet.Terminate(t.Context(), ids, known)
-	d := deferred(t, err)
+	res := fleet.Terminate(t.Context(), ids, known)
+	if len(res.Outcome) != 0 {
+		t.Fatalf("%d decided: want all left for RequestLimitExceeded", len(res.Outcome))
+	}
+	wantLeft(t, res.Left, ids, instances.ErrNoTokens)
 	var ae smithy.APIError
-	if len(out) != 0 || !slices.Equal(d.IDs, ids) || !errors.As(err, &ae) || ae.ErrorCode() != "RequestLimitExceeded" {
-		t.Fatalf("%d decided, %d deferred, %v: want all deferred for RequestLimitExceeded", len(out), len(d.IDs), err)
+	if err := res.Left[ids[0]]; !errors.As(err, &ae) || ae.ErrorCode() != "RequestLimitExceeded" {
+		t.Fatalf("left with %v, want RequestLimitExceeded", err)
 	}
 	wantRunning(t, srv, true, ids)
 
@@ -286,10 +314,8 @@ func TestRefusedTerminateIsDeferred(t *testing.T) {
 	// not made.
 	ctx, cancel := context.WithTimeout(t.Context(), 1200*time.Millisecond)
 	defer cancel()
-	_, err = fleet.Terminate(ctx, ids, known)
-	if d := deferred(t, err); !slices.Equal(d.IDs, ids) {
-		t.Fatalf("%d deferred, want all %d", len(d.IDs), len(ids))
-	}
+	res = fleet.Terminate(ctx, ids, known)
+	wantLeft(t, res.Left, ids, instances.ErrNoTokens)
 	if c := srv.CallCount("TerminateInstances"); c != 1 {
 		t.Fatalf("%d TerminateInstances requests into a bucket held empty, want 1", c)
 	}

@@ -1,7 +1,6 @@
 package instances_test
 
 import (
-	"errors"
 	"slices"
 	"testing"
 
@@ -18,10 +17,7 @@ import (
 func TestTerminateIsolatesRefusals(t *testing.T) {
 	fleet, srv, ids := newFleet(t, 100, 1000)
 	fleet.Pace(scaled(100).Share(0.5), nil) // a call that fails spends its tokens too
-	known, err := fleet.Describe(t.Context(), ids)
-	if err != nil {
-		t.Fatal(err)
-	}
+	known := describeAll(t, fleet, ids)
 	keys := model.DefaultTagKeys()
 	protected := []string{ids[10], ids[500], ids[999]}
 	for _, id := range protected {
@@ -33,24 +29,23 @@ func TestTerminateIsolatesRefusals(t *testing.T) {
 		srv.RemoveInstance(id)
 	}
 
-	out, err := fleet.Terminate(t.Context(), ids, known)
-	var refusals instances.Refusals
-	if !errors.As(err, &refusals) || len(refusals) != len(protected) {
-		t.Fatalf("error %v, want the %d refusals", err, len(protected))
+	res := fleet.Terminate(t.Context(), ids, known)
+	if len(res.Refusals) != len(protected) || len(res.Left) != 0 {
+		t.Fatalf("%d refusals, %d left (%v): want the %d refusals, none left", len(res.Refusals), len(res.Left), firstLeft(res.Left), len(protected))
 	}
 	for _, id := range ids {
 		want := instances.Terminating
 		switch {
 		case slices.Contains(protected, id):
 			want = instances.Refused
-			if refusals[id] != "OperationNotPermitted" {
-				t.Errorf("%s refused for %q", id, refusals[id])
+			if res.Refusals[id] != "OperationNotPermitted" {
+				t.Errorf("%s refused for %q", id, res.Refusals[id])
 			}
 		case slices.Contains(vanished, id):
 			want = instances.AlreadyGone
 		}
-		if out[id] != want {
-			t.Fatalf("%s: %q, want %q", id, out[id], want)
+		if res.Outcome[id] != want {
+			t.Fatalf("%s: %q, want %q", id, res.Outcome[id], want)
 		}
 	}
 	for _, id := range protected {
@@ -70,18 +65,15 @@ func TestTerminateIsolatesRefusals(t *testing.T) {
 func TestTerminateBisectsAnUnnamedRefusal(t *testing.T) {
 	fleet, srv, ids := newFleet(t, 100, 1000)
 	fleet.Pace(scaled(100).Share(0.5), nil) // a call that fails spends its tokens too
-	known, err := fleet.Describe(t.Context(), ids)
-	if err != nil {
-		t.Fatal(err)
-	}
+	known := describeAll(t, fleet, ids)
 	srv.FailNext("TerminateInstances", 1, "UnauthorizedOperation", 403)
-	out, err := fleet.Terminate(t.Context(), ids, known)
-	if err != nil {
-		t.Fatal(err)
+	res := fleet.Terminate(t.Context(), ids, known)
+	if len(res.Left) != 0 || len(res.Refusals) != 0 {
+		t.Fatalf("%d left (%v), %d refused", len(res.Left), firstLeft(res.Left), len(res.Refusals))
 	}
 	for _, id := range ids {
-		if out[id] != instances.Terminating {
-			t.Fatalf("%s: %q", id, out[id])
+		if res.Outcome[id] != instances.Terminating {
+			t.Fatalf("%s: %q", id, res.Outcome[id])
 		}
 	}
 	if n := srv.CallCount("TerminateInstances"); n != 4 {
