@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // A read the table refuses in part is asked again after a wait that
@@ -22,13 +24,13 @@ import (
 func TestGetManyBacksOffOnUnprocessedKeys(t *testing.T) {
 	srv := startBatchGetServer(t, 3)
 	ids := []string{"i-1", "i-2", "i-3", "i-4", "i-5"}
-	got, err := srv.table.GetMany(t.Context(), ids)
-	if err != nil {
-		t.Fatal(err)
+	got := srv.table.GetMany(t.Context(), ids)
+	if len(got.Left) != 0 {
+		t.Fatalf("left %v", got.Left)
 	}
 	for _, id := range ids {
-		if got[id].InstanceID != id {
-			t.Errorf("%s: not read: %v", id, got)
+		if got.Found[id].InstanceID != id {
+			t.Errorf("%s: not read: %v", id, got.Found)
 		}
 	}
 
@@ -50,16 +52,21 @@ func TestGetManyBacksOffOnUnprocessedKeys(t *testing.T) {
 }
 
 // Keys the table keeps refusing are asked for only a few times before the
-// context ends, and the context's error is GetMany's answer.
+// context ends, and are Left with the context's error.
 func TestGetManyUnprocessedUntilDeadline(t *testing.T) {
 	srv := startBatchGetServer(t, -1)
 	const deadline = 300 * time.Millisecond
 	ctx, cancel := context.WithTimeout(t.Context(), deadline)
 	defer cancel()
 	start := time.Now()
-	_, err := srv.table.GetMany(ctx, []string{"i-1", "i-2"})
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("GetMany: %v, want the deadline's error", err)
+	got := srv.table.GetMany(ctx, []string{"i-1", "i-2"})
+	if len(got.Found) != 0 || len(got.Left) != 2 {
+		t.Errorf("GetMany: %d found, %d left, want both left", len(got.Found), len(got.Left))
+	}
+	for id, err := range got.Left {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s left with %v, want the deadline's error", id, err)
+		}
 	}
 	if took := time.Since(start); took > deadline+200*time.Millisecond {
 		t.Errorf("GetMany returned %v after its deadline of %v", took, deadline)
@@ -73,15 +80,55 @@ func TestGetManyUnprocessedUntilDeadline(t *testing.T) {
 	}
 }
 
+// One BatchGetItem chunk that fails (the SDK's retries spent) among fifty
+// costs the 100 ids of that chunk only: the other 4,900 records are read,
+// and the chunk's ids are Left with its error.
+func TestGetManyFailedChunkCostsItsOwnIDs(t *testing.T) {
+	const n = 5000
+	srv := startBatchGetServer(t, 0, func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 })
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("i-%017x", i)
+	}
+	failed := ids[2300:2400]
+	srv.mu.Lock()
+	srv.failKey = ids[2345]
+	srv.mu.Unlock()
+
+	got := srv.table.GetMany(t.Context(), ids)
+	if len(got.Found) != n-len(failed) || len(got.Left) != len(failed) {
+		t.Fatalf("%d found, %d left: want %d found, the failed chunk's %d left", len(got.Found), len(got.Left), n-len(failed), len(failed))
+	}
+	for _, id := range failed {
+		var throttled *types.ProvisionedThroughputExceededException
+		if err := got.Left[id]; !errors.As(err, &throttled) {
+			t.Fatalf("%s left with %v, want its chunk's error", id, err)
+		}
+	}
+	for _, id := range slices.Concat(ids[:2300], ids[2400:]) {
+		if got.Found[id].InstanceID != id {
+			t.Fatalf("%s not read", id)
+		}
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if len(srv.asked) != n/batchGetLimit {
+		t.Fatalf("%d requests, want one a chunk (%d)", len(srv.asked), n/batchGetLimit)
+	}
+}
+
 // batchGetServer answers BatchGetItem in DynamoDB's JSON protocol, to the
 // SDK's client: a record for the first key it is asked for and every other
 // key as unprocessed, for its first holdBack answers, then a record for
-// every key. With a negative holdBack every key stays unprocessed.
+// every key. With a negative holdBack every key stays unprocessed. A
+// request naming failKey is refused whole with
+// ProvisionedThroughputExceededException.
 type batchGetServer struct {
 	table *Table
 
 	mu       sync.Mutex
 	holdBack int
+	failKey  string
 	arrivals []time.Time
 	asked    [][]string
 }
@@ -92,7 +139,7 @@ type keysAndAttributes struct {
 	ConsistentRead bool
 }
 
-func startBatchGetServer(t *testing.T, holdBack int) *batchGetServer {
+func startBatchGetServer(t *testing.T, holdBack int, optFns ...func(*dynamodb.Options)) *batchGetServer {
 	t.Helper()
 	s := &batchGetServer{holdBack: holdBack}
 	ts := httptest.NewServer(http.HandlerFunc(s.serve))
@@ -101,7 +148,7 @@ func startBatchGetServer(t *testing.T, holdBack int) *batchGetServer {
 		Region:       "us-east-1",
 		Credentials:  credentials.NewStaticCredentialsProvider("AKIDTEST", "secret", ""),
 		BaseEndpoint: aws.String(ts.URL),
-	})
+	}, optFns...)
 	s.table = New(client, "ledger")
 	return s
 }
@@ -128,6 +175,13 @@ func (s *batchGetServer) serve(w http.ResponseWriter, r *http.Request) {
 		ids = append(ids, k[KeyAttribute]["S"])
 	}
 	s.asked = append(s.asked, ids)
+	if slices.Contains(ids, s.failKey) {
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		w.WriteHeader(http.StatusBadRequest)
+		w.Write([]byte(`{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"The level of configured provisioned throughput for the table was exceeded."}`))
+		return
+	}
 	answer, unprocessed := req.Keys, []map[string]map[string]string(nil)
 	switch {
 	case s.holdBack < 0:

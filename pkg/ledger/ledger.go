@@ -401,41 +401,66 @@ const (
 	unprocessedMaxWait   = time.Second
 )
 
-// GetMany returns the records of the instances that have one (strongly
-// consistent reads, 100 keys a call). Keys left unprocessed are asked for
-// again after a backoff, for as long as ctx allows.
-func (t *Table) GetMany(ctx context.Context, ids []string) (map[string]Record, error) {
-	out := make(map[string]Record, len(ids))
+// Fetched is what a GetMany read.
+type Fetched struct {
+	// Found are the records read (ids without a record are absent from
+	// both maps).
+	Found map[string]Record
+	// Left are the ids whose chunk (100 keys) could not be read, each with
+	// its chunk's error.
+	Left map[string]error
+}
+
+// GetMany reads the records of ids (strongly consistent reads, 100 keys a
+// call). Keys left unprocessed are asked for again after a backoff, for as
+// long as ctx allows. A chunk that cannot be read costs its own ids only:
+// those it did not read are Left with its error, and the next chunk is
+// read.
+func (t *Table) GetMany(ctx context.Context, ids []string) Fetched {
+	f := Fetched{Found: make(map[string]Record, len(ids)), Left: map[string]error{}}
 	for chunk := range slices.Chunk(ids, batchGetLimit) {
-		keys := make([]map[string]types.AttributeValue, len(chunk))
-		for i, id := range chunk {
-			keys[i] = key(id)
+		err := t.getChunk(ctx, chunk, f.Found)
+		if err == nil {
+			continue
 		}
-		request := map[string]types.KeysAndAttributes{t.name: {Keys: keys, ConsistentRead: aws.Bool(true)}}
-		wait := unprocessedFirstWait
-		for {
-			res, err := t.client.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: request})
-			if err != nil {
-				return nil, fmt.Errorf("ledger get many: %w", err)
+		for _, id := range chunk {
+			if _, read := f.Found[id]; !read {
+				f.Left[id] = err
 			}
-			for _, item := range res.Responses[t.name] {
-				var rec Record
-				if err := attributevalue.UnmarshalMap(item, &rec); err != nil {
-					return nil, fmt.Errorf("ledger get many: decode: %w", err)
-				}
-				out[rec.InstanceID] = rec
-			}
-			request = res.UnprocessedKeys
-			if len(request) == 0 {
-				break
-			}
-			if err := sleep(ctx, wait/2+rand.N(wait/2)); err != nil {
-				return nil, fmt.Errorf("ledger get many: %d keys unprocessed: %w", len(request[t.name].Keys), err)
-			}
-			wait = min(2*wait, unprocessedMaxWait)
 		}
 	}
-	return out, nil
+	return f
+}
+
+// getChunk reads the records of at most batchGetLimit ids into found.
+func (t *Table) getChunk(ctx context.Context, chunk []string, found map[string]Record) error {
+	keys := make([]map[string]types.AttributeValue, len(chunk))
+	for i, id := range chunk {
+		keys[i] = key(id)
+	}
+	request := map[string]types.KeysAndAttributes{t.name: {Keys: keys, ConsistentRead: aws.Bool(true)}}
+	wait := unprocessedFirstWait
+	for {
+		res, err := t.client.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: request})
+		if err != nil {
+			return fmt.Errorf("ledger get many: %w", err)
+		}
+		for _, item := range res.Responses[t.name] {
+			var rec Record
+			if err := attributevalue.UnmarshalMap(item, &rec); err != nil {
+				return fmt.Errorf("ledger get many: decode: %w", err)
+			}
+			found[rec.InstanceID] = rec
+		}
+		request = res.UnprocessedKeys
+		if len(request) == 0 {
+			return nil
+		}
+		if err := sleep(ctx, wait/2+rand.N(wait/2)); err != nil {
+			return fmt.Errorf("ledger get many: %d keys unprocessed: %w", len(request[t.name].Keys), err)
+		}
+		wait = min(2*wait, unprocessedMaxWait)
+	}
 }
 
 // sleep waits for d, or until ctx ends and returns its cause.
