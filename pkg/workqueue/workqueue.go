@@ -62,7 +62,20 @@ type Message struct {
 	// state a state message claims (its answers are eventually
 	// consistent); it sends the message again a while later, a few times.
 	Checks int `json:"checks,omitempty"`
+	// Attempt counts the batches that took this work up before and could
+	// not finish it (for want of time or EC2 tokens): its delay grows with
+	// it, and after MaxAttempts it goes to the dead-letter queue.
+	Attempt int `json:"attempt,omitempty"`
+	// Reason says why the work went to the dead-letter queue (set only
+	// there).
+	Reason string `json:"reason,omitempty"`
 }
+
+// MaxAttempts is how many batches may take up one piece of work and fail
+// to finish it before it goes to the dead-letter queue: a message that
+// comes back carries its count, so work that can never finish (a Pod
+// write slower than any batch) stops circling and is seen.
+const MaxAttempts = 8
 
 // Exit is the message for an exit recorded for instance id.
 func Exit(id string, pod model.PodRef, exit model.Exit) Message {
@@ -112,6 +125,8 @@ func (m Message) validate() error {
 		return fmt.Errorf("version %d, want %d", m.V, Version)
 	case !model.ValidInstanceID(m.InstanceID):
 		return fmt.Errorf("instanceId %.40q is not an EC2 instance id", m.InstanceID)
+	case m.Attempt < 0 || m.Attempt > MaxAttempts:
+		return fmt.Errorf("attempt %d, want 0 to %d", m.Attempt, MaxAttempts)
 	}
 	switch m.Kind {
 	case KindExit:
@@ -150,24 +165,30 @@ func New(client *sqs.Client, url string) *Queue {
 	return &Queue{client: client, url: url, now: time.Now}
 }
 
-// Send sends msgs, ten to a request, each delivered no sooner than delay
-// (at most MaxDelay). Entries SQS refuses are sent again once; an error
-// says how many were not sent, and the caller fails its invocation so that
-// its own event comes back.
-func (q *Queue) Send(ctx context.Context, delay time.Duration, msgs ...Message) error {
+// Send sends msgs, ten to a SendMessageBatch, each delivered no sooner
+// than delay (at most MaxDelay). Entries SQS refuses one by one are sent
+// again once; a failed request fails only its own entries. unsent are the
+// messages SQS did not take in the end (nil when all landed), err says why
+// (nil iff unsent is empty).
+func (q *Queue) Send(ctx context.Context, delay time.Duration, msgs ...Message) (unsent []Message, err error) {
 	now := q.now().UTC()
-	bodies := make([]string, len(msgs))
+	bodies := make([]string, 0, len(msgs))
+	// sent[i] is the message of bodies[i].
+	sent := make([]int, 0, len(msgs))
+	var errs []error
 	for i, m := range msgs {
 		m.V, m.QueuedAt = Version, now
 		b, err := json.Marshal(m)
 		if err != nil {
-			return fmt.Errorf("work queue: encode %s: %w", m.InstanceID, err)
+			unsent = append(unsent, msgs[i])
+			errs = append(errs, fmt.Errorf("encode %s: %w", m.InstanceID, err))
+			continue
 		}
-		bodies[i] = string(b)
+		bodies, sent = append(bodies, string(b)), append(sent, i)
 	}
 	seconds := int32(min(max(delay, 0), MaxDelay) / time.Second)
 	reqs := batches(bodies)
-	errs := make([]error, len(reqs))
+	results := make([]requestResult, len(reqs))
 	// A reconciler defers up to a whole batch (10,000 messages, 1,000
 	// requests) inside the seconds it keeps for settling: the requests go
 	// out sendWorkers at a time.
@@ -176,7 +197,7 @@ func (q *Queue) Send(ctx context.Context, delay time.Duration, msgs ...Message) 
 	for range min(sendWorkers, len(reqs)) {
 		wg.Go(func() {
 			for i := range next {
-				errs[i] = q.sendAll(ctx, reqs[i], seconds)
+				results[i] = q.sendAll(ctx, bodies, reqs[i], seconds)
 			}
 		})
 	}
@@ -185,60 +206,77 @@ func (q *Queue) Send(ctx context.Context, delay time.Duration, msgs ...Message) 
 	}
 	close(next)
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("work queue: %w", err)
+	for _, r := range results {
+		for _, b := range r.unsent {
+			unsent = append(unsent, msgs[sent[b]])
+		}
+		if r.err != nil {
+			errs = append(errs, r.err)
+		}
 	}
-	return nil
+	if len(unsent) == 0 {
+		return nil, nil
+	}
+	return unsent, fmt.Errorf("work queue: %d of %d messages not sent: %w", len(unsent), len(msgs), errors.Join(errs...))
 }
 
 // sendWorkers bounds a Send's requests in flight.
 const sendWorkers = 8
 
-// sendAll sends one request's bodies; entries SQS refuses one by one (an
-// internal error, say) are sent again once, as the SDK retries whole
-// requests only.
-func (q *Queue) sendAll(ctx context.Context, batch []string, seconds int32) error {
-	failed, err := q.sendBatch(ctx, batch, seconds)
-	if err == nil && len(failed) > 0 {
-		failed, err = q.sendBatch(ctx, failed, seconds)
-	}
-	if err == nil && len(failed) > 0 {
-		err = fmt.Errorf("%d of %d entries refused", len(failed), len(batch))
-	}
-	return err
+// requestResult is what became of one request's entries: unsent are the
+// indexes (into a Send's bodies) of those SQS did not take, err why.
+type requestResult struct {
+	unsent []int
+	err    error
 }
 
-// sendBatch sends one SendMessageBatch and returns the bodies SQS did not
-// take.
-func (q *Queue) sendBatch(ctx context.Context, bodies []string, delaySeconds int32) ([]string, error) {
-	entries := make([]types.SendMessageBatchRequestEntry, len(bodies))
-	for i, b := range bodies {
-		entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(b), DelaySeconds: delaySeconds}
+// sendAll sends the bodies of one request (indexes into bodies); entries
+// SQS refuses one by one (an internal error, say) are sent again once, as
+// the SDK retries whole requests only.
+func (q *Queue) sendAll(ctx context.Context, bodies []string, request []int, seconds int32) requestResult {
+	failed, err := q.sendBatch(ctx, bodies, request, seconds)
+	if err == nil && len(failed) > 0 {
+		failed, err = q.sendBatch(ctx, bodies, failed, seconds)
 	}
-	out, err := q.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: entries})
+	if err == nil && len(failed) > 0 {
+		err = fmt.Errorf("%d of %d entries refused twice", len(failed), len(request))
+	}
+	return requestResult{unsent: failed, err: err}
+}
+
+// sendBatch sends one SendMessageBatch of the bodies entries (indexes into
+// bodies) and returns those SQS did not take: the entries it refused, or
+// all of them with the request's error.
+func (q *Queue) sendBatch(ctx context.Context, bodies []string, entries []int, delaySeconds int32) ([]int, error) {
+	in := make([]types.SendMessageBatchRequestEntry, len(entries))
+	for i, b := range entries {
+		in[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(bodies[b]), DelaySeconds: delaySeconds}
+	}
+	out, err := q.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: in})
 	if err != nil {
-		return bodies, err
+		return entries, err
 	}
-	var failed []string
+	var failed []int
 	for _, f := range out.Failed {
-		if i, err := strconv.Atoi(aws.ToString(f.Id)); err == nil && i < len(bodies) {
-			failed = append(failed, bodies[i])
+		if i, err := strconv.Atoi(aws.ToString(f.Id)); err == nil && i >= 0 && i < len(entries) {
+			failed = append(failed, entries[i])
 		}
 	}
 	return failed, nil
 }
 
-// batches splits bodies into SendMessageBatch requests within SQS's limits.
-func batches(bodies []string) [][]string {
-	var out [][]string
-	var cur []string
+// batches splits bodies into SendMessageBatch requests within SQS's
+// limits, each request the indexes of its bodies.
+func batches(bodies []string) [][]int {
+	var out [][]int
+	var cur []int
 	size := 0
-	for _, b := range bodies {
+	for i, b := range bodies {
 		if len(cur) == batchEntries || (len(cur) > 0 && size+len(b) > batchBytes) {
 			out = append(out, cur)
 			cur, size = nil, 0
 		}
-		cur = append(cur, b)
+		cur = append(cur, i)
 		size += len(b)
 	}
 	if len(cur) > 0 {

@@ -3,6 +3,7 @@ package workqueue_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,8 +65,11 @@ func TestSendAndParse(t *testing.T) {
 	for i := range 20 {
 		msgs = append(msgs, workqueue.Sweep(fmt.Sprintf("i-%017x", i)))
 	}
-	if err := q.Send(t.Context(), 0, msgs...); err != nil {
-		t.Fatal(err)
+	again := workqueue.Sweep("i-0123456789abcdef3")
+	again.Attempt, again.Reason = workqueue.MaxAttempts, "pod write outlasted the batch"
+	msgs = append(msgs, again)
+	if unsent, err := q.Send(t.Context(), 0, msgs...); err != nil || unsent != nil {
+		t.Fatalf("%d unsent: %v", len(unsent), err)
 	}
 	if n := srv.CallCount("SendMessageBatch"); n != 3 {
 		t.Fatalf("%d SendMessageBatch requests for %d messages, want 3", n, len(msgs))
@@ -94,13 +98,16 @@ func TestSendAndParse(t *testing.T) {
 	if o := byID["i-0123456789abcdef2"]; o.Kind != workqueue.KindOrphan {
 		t.Fatalf("orphan %+v", o)
 	}
+	if a := byID[again.InstanceID]; a.Attempt != again.Attempt || a.Reason != again.Reason {
+		t.Fatalf("attempt %d, reason %q: want %d, %q", a.Attempt, a.Reason, again.Attempt, again.Reason)
+	}
 }
 
 // A delayed message is not received before its delay.
 func TestSendDelayed(t *testing.T) {
 	q, client, url, _ := newQueue(t)
-	if err := q.Send(t.Context(), 2*time.Second, workqueue.Sweep("i-0123456789abcdef0")); err != nil {
-		t.Fatal(err)
+	if unsent, err := q.Send(t.Context(), 2*time.Second, workqueue.Sweep("i-0123456789abcdef0")); err != nil || unsent != nil {
+		t.Fatalf("%d unsent: %v", len(unsent), err)
 	}
 	if got := receiveAll(t, client, url); len(got) != 0 {
 		t.Fatalf("%d received at once", len(got))
@@ -111,14 +118,111 @@ func TestSendDelayed(t *testing.T) {
 	}
 }
 
-// A failed send is an error for the caller, whose own event then comes back.
+// A failed send is an error for the caller, whose own event then comes
+// back, and the message is returned unsent.
 func TestSendFails(t *testing.T) {
 	q, _, _, srv := newQueue(t)
 	srv.FailNext("SendMessageBatch", 10, "KMS.DisabledException")
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	if err := q.Send(ctx, 0, workqueue.Sweep("i-0123456789abcdef0")); err == nil {
-		t.Fatal("send succeeded")
+	msg := workqueue.Sweep("i-0123456789abcdef0")
+	if unsent, err := q.Send(ctx, 0, msg); err == nil || len(unsent) != 1 || unsent[0] != msg {
+		t.Fatalf("%v unsent, %v: want the message unsent, with an error", unsent, err)
+	}
+}
+
+// sweeps are n sweep messages, one an instance.
+func sweeps(n int) []workqueue.Message {
+	out := make([]workqueue.Message, n)
+	for i := range out {
+		out[i] = workqueue.Sweep(fmt.Sprintf("i-%017x", i))
+	}
+	return out
+}
+
+// instanceIDs are the instances of msgs, sorted.
+func instanceIDs(msgs []workqueue.Message) []string {
+	var out []string
+	for _, m := range msgs {
+		out = append(out, m.InstanceID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// receivedIDs are the instances of the messages received, sorted.
+func receivedIDs(t *testing.T, recs []events.SQSMessage) []string {
+	t.Helper()
+	var out []string
+	for _, rec := range recs {
+		it, err := workqueue.Parse(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, it.InstanceID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Entries SQS refuses one by one are sent again, alone: the second request
+// carries exactly those. Refused again, they come back unsent, and every
+// other message of the request landed.
+func TestSendResendsOnlyRefusedEntries(t *testing.T) {
+	q, client, url, srv := newQueue(t)
+	msgs := sweeps(10)
+	// A body SQS refuses per entry: U+FFFE is outside the characters a
+	// message may hold (InvalidMessageContents).
+	bad := []int{3, 7}
+	for _, i := range bad {
+		msgs[i] = workqueue.Exit(msgs[i].InstanceID, model.PodRef{Namespace: "jobs", Name: "x\uFFFE", UID: "u"}, model.Exit{Container: "main"})
+	}
+	unsent, err := q.Send(t.Context(), 0, msgs...)
+	if err == nil || !slices.Equal(instanceIDs(unsent), []string{msgs[3].InstanceID, msgs[7].InstanceID}) {
+		t.Fatalf("unsent %v, %v: want the two refused entries, with an error", instanceIDs(unsent), err)
+	}
+	var counts []int
+	for _, c := range srv.Calls() {
+		if c.Action == "SendMessageBatch" {
+			counts = append(counts, c.Count)
+		}
+	}
+	if !slices.Equal(counts, []int{10, len(bad)}) {
+		t.Fatalf("SendMessageBatch entries %v, want 10, then the %d refused", counts, len(bad))
+	}
+	var landed []workqueue.Message
+	for i, m := range msgs {
+		if !slices.Contains(bad, i) {
+			landed = append(landed, m)
+		}
+	}
+	if got := receivedIDs(t, receiveAll(t, client, url)); !slices.Equal(got, instanceIDs(landed)) {
+		t.Fatalf("received %v, want the %d entries SQS took", got, len(landed))
+	}
+}
+
+// A request that fails whole costs its own ten entries only: the other
+// requests' land, and only its ten come back unsent.
+func TestSendFailedRequestCostsItsOwnEntries(t *testing.T) {
+	q, client, url, srv := newQueue(t)
+	srv.FailNext("SendMessageBatch", 1, "KMS.DisabledException")
+	msgs := sweeps(30)
+	unsent, err := q.Send(t.Context(), 0, msgs...)
+	if err == nil || len(unsent) != 10 {
+		t.Fatalf("%d unsent, %v: want one request's 10, with an error", len(unsent), err)
+	}
+	failed := -1
+	for r := range 3 {
+		if slices.Equal(instanceIDs(unsent), instanceIDs(msgs[10*r:10*r+10])) {
+			failed = r
+		}
+	}
+	if failed < 0 {
+		t.Fatalf("unsent %v: want the ten of one request", instanceIDs(unsent))
+	}
+	landed := slices.Concat(msgs[:10*failed], msgs[10*failed+10:])
+	if got := receivedIDs(t, receiveAll(t, client, url)); !slices.Equal(got, instanceIDs(landed)) {
+		t.Fatalf("received %v, want the %d messages of the other requests", got, len(landed))
 	}
 }
 
@@ -126,12 +230,14 @@ func TestSendFails(t *testing.T) {
 func TestParseRejects(t *testing.T) {
 	for body, want := range map[string]string{
 		`{`: "unexpected end",
-		`{"v":2,"kind":"sweep","instanceId":"i-0123456789abcdef0"}`:  "version 2",
-		`{"v":1,"kind":"sweep"}`:                                     `instanceId "" is not an EC2 instance id`,
-		`{"v":1,"kind":"sweep","instanceId":"i-../../x"}`:            `instanceId "i-../../x" is not an EC2 instance id`,
-		`{"v":1,"kind":"exit","instanceId":"i-0123456789abcdef0"}`:   "without pod or exit",
-		`{"v":1,"kind":"state","instanceId":"i-0123456789abcdef0"}`:  "without state or time",
-		`{"v":1,"kind":"reboot","instanceId":"i-0123456789abcdef0"}`: "unknown kind",
+		`{"v":2,"kind":"sweep","instanceId":"i-0123456789abcdef0"}`:              "version 2",
+		`{"v":1,"kind":"sweep"}`:                                                 `instanceId "" is not an EC2 instance id`,
+		`{"v":1,"kind":"sweep","instanceId":"i-../../x"}`:                        `instanceId "i-../../x" is not an EC2 instance id`,
+		`{"v":1,"kind":"exit","instanceId":"i-0123456789abcdef0"}`:               "without pod or exit",
+		`{"v":1,"kind":"state","instanceId":"i-0123456789abcdef0"}`:              "without state or time",
+		`{"v":1,"kind":"reboot","instanceId":"i-0123456789abcdef0"}`:             "unknown kind",
+		`{"v":1,"kind":"sweep","instanceId":"i-0123456789abcdef0","attempt":-1}`: "attempt -1, want 0 to 8",
+		`{"v":1,"kind":"sweep","instanceId":"i-0123456789abcdef0","attempt":9}`:  "attempt 9, want 0 to 8",
 	} {
 		if _, err := workqueue.Parse(events.SQSMessage{MessageId: "m", Body: body}); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", body, err, want)
