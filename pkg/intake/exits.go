@@ -24,7 +24,7 @@ import (
 
 // Queue is the work queue (package workqueue).
 type Queue interface {
-	Send(ctx context.Context, delay time.Duration, msgs ...workqueue.Message) error
+	Send(ctx context.Context, delay time.Duration, msgs ...workqueue.Message) (unsent []workqueue.Message, err error)
 }
 
 // Intake queues what the events report.
@@ -47,7 +47,8 @@ type ExitSummary struct {
 	// record.
 	Recorded int `json:"recorded"`
 	// Queued counts the exit claims handed to the reconciler, which checks
-	// them against the instance's tags: one per Pod the lines name.
+	// them against the instance's tags: one per Pod the lines name, less
+	// those the queue did not take.
 	Queued   int `json:"queued"`
 	Rejected int `json:"rejected"`
 	// RejectedFor counts the rejected lines by reason.
@@ -92,9 +93,11 @@ func (in *Intake) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsE
 // HandleExits hands the reconciler the latest exit line of each Pod the
 // batch's lines name, as a claim to check against the instance's launch
 // tags. Bad lines are logged and counted, never fatal to the batch. An
-// error returned here (the claims could not be queued) fails the
+// error returned here (any claim could not be queued) fails the
 // invocation: Lambda retries it, and then keeps the event in the
-// function's failure destination, so no exit is lost.
+// function's failure destination, so no exit is lost. The claims that did
+// land are queued again by the retry, which the reconciler takes as the
+// duplicates it already expects.
 //
 // No EC2 call is made here: a tag lookup per exit would spend the
 // account's DescribeInstances bucket one call per exit in a burst; the
@@ -126,12 +129,14 @@ func (in *Intake) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSu
 			msgs = append(msgs, workqueue.Exit(b.InstanceID, pod, exit))
 		}
 	}
-	if err := in.Queue.Send(ctx, 0, msgs...); err != nil {
+	unsent, err := in.Queue.Send(ctx, 0, msgs...)
+	sum.Queued = len(msgs) - len(unsent)
+	in.Metrics.Count(metrics.WorkItemsQueued, sum.Queued)
+	if err != nil {
 		return sum, fmt.Errorf("hand exit of %s to the reconciler: %w", b.InstanceID, err)
 	}
-	sum.Recorded, sum.Queued = len(b.Lines), len(msgs)
+	sum.Recorded = len(b.Lines)
 	in.Metrics.Count(metrics.ExitsRecorded, sum.Recorded)
-	in.Metrics.Count(metrics.WorkItemsQueued, len(msgs))
 	return sum, nil
 }
 

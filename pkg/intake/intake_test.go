@@ -73,3 +73,33 @@ func TestHandleStateChangeQueues(t *testing.T) {
 		t.Fatalf("sent %+v", q.Sent)
 	}
 }
+
+// A claim the queue does not take fails the invocation, so that its event
+// comes back, even when the other claims landed; the summary counts those
+// that did. A state change the queue does not take fails too.
+func TestUnsentClaimsFailTheInvocation(t *testing.T) {
+	errRefused := errors.New("KMS.DisabledException")
+	q := &fakes.Queue{Refuse: func(m workqueue.Message) error {
+		if m.Kind == workqueue.KindState || m.Pod.Name == "job-2" {
+			return errRefused
+		}
+		return nil
+	}}
+	in := &intake.Intake{Queue: q, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: testNow}
+	sum, err := in.HandleExits(t.Context(), exitline.Batch{InstanceID: fakes.InstanceID(1), Lines: []exitline.Line{
+		line(1, 0, false), line(2, 0, false), line(3, 0, false),
+	}})
+	if !errors.Is(err, errRefused) {
+		t.Fatalf("exits: %v, want the queue's refusal", err)
+	}
+	if sum.Queued != 2 || sum.Recorded != 0 {
+		t.Fatalf("summary %+v: want the 2 claims that landed queued, no line recorded", sum)
+	}
+	if len(q.Sent) != 1 || len(q.Sent[0].Msgs) != 2 {
+		t.Fatalf("sent %+v", q.Sent)
+	}
+	state, err := in.HandleStateChange(t.Context(), statechange.Message{InstanceID: fakes.InstanceID(1), State: "terminated", Time: testNow()})
+	if !errors.Is(err, errRefused) || state.Queued {
+		t.Fatalf("state change: %+v, %v: want the queue's refusal", state, err)
+	}
+}

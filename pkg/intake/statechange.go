@@ -41,7 +41,7 @@ func (in *Intake) HandleEC2Event(ctx context.Context, ev events.CloudWatchEvent)
 // together; the reconciler checks a batch of them in one call per 200.
 func (in *Intake) HandleStateChange(ctx context.Context, m statechange.Message) (StateSummary, error) {
 	sum := StateSummary{InstanceID: m.InstanceID, State: m.State}
-	if err := in.Queue.Send(ctx, 0, workqueue.State(m.InstanceID, m.State, m.Time)); err != nil {
+	if _, err := in.Queue.Send(ctx, 0, workqueue.State(m.InstanceID, m.State, m.Time)); err != nil {
 		return sum, fmt.Errorf("hand state change of %s to the reconciler: %w", m.InstanceID, err)
 	}
 	sum.Queued = true
