@@ -272,16 +272,16 @@ func (w *world) baseline(ctx context.Context, n int, scale float64) (*baselineRe
 		wg.Go(func() {
 			for id := range next {
 				for {
-					known, err := fleet.Describe(ctx, []string{id})
-					var out map[string]instances.Termination
+					described := fleet.Describe(ctx, []string{id})
+					err := described.Left[id]
 					if err == nil {
-						out, err = fleet.Terminate(ctx, []string{id}, known)
-					}
-					if err == nil {
-						if out[id] != instances.Terminating && out[id] != instances.AlreadyGone {
-							errs[k] = fmt.Errorf("terminate %s: %s", id, out[id])
+						res := fleet.Terminate(ctx, []string{id}, described.Found)
+						if err = res.Left[id]; err == nil {
+							if o := res.Outcome[id]; o != instances.Terminating && o != instances.AlreadyGone {
+								errs[k] = fmt.Errorf("terminate %s: %s", id, o)
+							}
+							break
 						}
-						break
 					}
 					failures.Add(1)
 					time.Sleep(time.Duration(float64(asyncRetry) / scale))

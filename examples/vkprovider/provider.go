@@ -427,16 +427,22 @@ func (p *provider) statuses(ctx context.Context, byInstance map[string]*corev1.P
 		return out, describeErr
 	}
 	slices.Sort(ended)
-	recs, err := p.cfg.Ledger.GetMany(ctx, ended)
-	if err != nil {
-		return out, errors.Join(describeErr, err)
-	}
+	recs := p.cfg.Ledger.GetMany(ctx, ended)
+	var ledgerErr error
 	for _, id := range ended {
 		pod := byInstance[id]
+		// A Pod whose record could not be read gets no status from this
+		// round; the error names the first such instance.
+		if err, left := recs.Left[id]; left {
+			if ledgerErr == nil {
+				ledgerErr = fmt.Errorf("ledger: %d of %d records not read, %s: %w", len(recs.Left), len(ended), id, err)
+			}
+			continue
+		}
 		// The ledger is keyed by instance: only a record naming this very
 		// Pod (not an earlier one of the same name) and checked against
 		// the instance's tags speaks for it.
-		if rec, ok := recs[id]; ok && rec.Pod.UID == string(pod.UID) && !rec.Unverified && rec.Exit != nil && rec.Exit.Terminal() {
+		if rec, ok := recs.Found[id]; ok && rec.Pod.UID == string(pod.UID) && !rec.Unverified && rec.Exit != nil && rec.Exit.Terminal() {
 			out[pod.UID] = exited(pod, *rec.Exit)
 		} else if _, described := insts[id]; described {
 			// Gone with no exit recorded: Reaper waits for a late exit
@@ -445,7 +451,7 @@ func (p *provider) statuses(ctx context.Context, byInstance map[string]*corev1.P
 			out[pod.UID] = pod.Status.DeepCopy()
 		}
 	}
-	return out, describeErr
+	return out, errors.Join(describeErr, ledgerErr)
 }
 
 // describeIDs is EC2's limit on the instance ids one DescribeInstances

@@ -29,6 +29,10 @@ type Ledger struct {
 	Now  func() time.Time
 	// Writes counts the writes made to it.
 	Writes int
+	// FailChunk, when set, is asked about each chunk of GetMany (100 ids,
+	// as the real ledger reads them): an error leaves the chunk's ids Left
+	// with it.
+	FailChunk func(ids []string) error
 }
 
 // NewLedger is an empty ledger whose writes happen at now.
@@ -97,16 +101,34 @@ func (l *Ledger) Pending(_ context.Context, fn func(ledger.Record) error) error 
 	return nil
 }
 
-func (l *Ledger) GetMany(_ context.Context, ids []string) (map[string]ledger.Record, error) {
+// getManyChunk is how many ids the real ledger reads a BatchGetItem.
+const getManyChunk = 100
+
+func (l *Ledger) GetMany(_ context.Context, ids []string) ledger.Fetched {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := map[string]ledger.Record{}
-	for _, id := range ids {
-		if r, ok := l.Recs[id]; ok {
-			out[id] = r
+	out := ledger.Fetched{Found: map[string]ledger.Record{}, Left: map[string]error{}}
+	for chunk := range slices.Chunk(ids, getManyChunk) {
+		if l.FailChunk != nil {
+			if err := l.FailChunk(chunk); err != nil {
+				leave(out.Left, chunk, err)
+				continue
+			}
+		}
+		for _, id := range chunk {
+			if r, ok := l.Recs[id]; ok {
+				out.Found[id] = r
+			}
 		}
 	}
-	return out, nil
+	return out
+}
+
+// leave records ids as left, each with err.
+func leave(left map[string]error, ids []string, err error) {
+	for _, id := range ids {
+		left[id] = err
+	}
 }
 
 // World is the Pods and the instances; it records, in order, the Pod
@@ -119,13 +141,18 @@ type World struct {
 	Describes [][]string
 	// NoTokens makes Terminate answer as a Fleet whose share of the
 	// bucket runs out before the deadline.
-	NoTokens    bool
+	NoTokens bool
+	// DescribeErr leaves every id of a Describe with it.
 	DescribeErr error
+	// DescribeFails, when set, is asked about each chunk of Describe (200
+	// ids, as the real Fleet describes them): an error leaves the chunk's
+	// ids with it, and the next chunk is described.
+	DescribeFails func(chunk []string) error
 	// Protected instances are refused by Terminate (OperationNotPermitted).
 	Protected map[string]bool
 	// TerminateShare and DescribeShare, when set, are how many instances
 	// one Terminate or Describe reaches before its share of the bucket runs
-	// out; it defers the rest (instances.Deferred).
+	// out; it leaves the rest with instances.ErrNoTokens.
 	TerminateShare, DescribeShare int
 	// ApplyDelay is how long each Pod write takes; a write whose context
 	// ends first fails with the context's error.
@@ -205,24 +232,36 @@ func (w *World) ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome
 	return kube.Patched, nil
 }
 
-func (w *World) Describe(_ context.Context, ids []string) (map[string]instances.Instance, error) {
+// describeChunk is how many ids the real Fleet names a DescribeInstances.
+const describeChunk = 200
+
+func (w *World) Describe(_ context.Context, ids []string) instances.Described {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.Describes = append(w.Describes, slices.Clone(ids))
+	out := instances.Described{Found: map[string]instances.Instance{}, Left: map[string]error{}}
 	if w.DescribeErr != nil {
-		return nil, w.DescribeErr
+		leave(out.Left, ids, w.DescribeErr)
+		return out
 	}
-	ids, deferred := share(ids, w.DescribeShare)
-	out := map[string]instances.Instance{}
-	for _, id := range ids {
-		if i, ok := w.Instances[id]; ok {
-			if w.Now != nil {
-				i.DescribedAt = w.Now()
+	ids = share(ids, w.DescribeShare, out.Left)
+	for chunk := range slices.Chunk(ids, describeChunk) {
+		if w.DescribeFails != nil {
+			if err := w.DescribeFails(chunk); err != nil {
+				leave(out.Left, chunk, err)
+				continue
 			}
-			out[id] = i
+		}
+		for _, id := range chunk {
+			if i, ok := w.Instances[id]; ok {
+				if w.Now != nil {
+					i.DescribedAt = w.Now()
+				}
+				out.Found[id] = i
+			}
 		}
 	}
-	return out, deferred
+	return out
 }
 
 func (w *World) Tag(_ context.Context, ids []string, key, value string) ([]string, error) {
@@ -244,35 +283,33 @@ func (w *World) Tag(_ context.Context, ids []string, key, value string) ([]strin
 	return nil, nil
 }
 
-// share splits ids into those a share of n reaches (all, for n = 0) and,
-// for the rest, the error of a Fleet whose tokens ran out.
-func share(ids []string, n int) ([]string, error) {
+// share returns the ids a share of n reaches (all, for n = 0) and leaves
+// the rest with the error of a Fleet whose tokens ran out.
+func share(ids []string, n int, left map[string]error) []string {
 	if n == 0 || len(ids) <= n {
-		return ids, nil
+		return ids
 	}
-	return ids[:n], &instances.Deferred{IDs: slices.Clone(ids[n:]), Cause: instances.ErrNoTokens}
+	leave(left, ids[n:], fmt.Errorf("%d instances: %w", len(ids)-n, instances.ErrNoTokens))
+	return ids[:n]
 }
 
-func (w *World) Terminate(_ context.Context, ids []string, _ map[string]instances.Instance) (map[string]instances.Termination, error) {
+func (w *World) Terminate(_ context.Context, ids []string, _ map[string]instances.Instance) instances.Terminated {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	out := instances.Terminated{Outcome: map[string]instances.Termination{}, Refusals: map[string]string{}, Left: map[string]error{}}
 	if w.NoTokens {
-		return nil, fmt.Errorf("terminate %d instances: %w", len(ids), instances.ErrNoTokens)
+		leave(out.Left, ids, fmt.Errorf("terminate %d instances: %w", len(ids), instances.ErrNoTokens))
+		return out
 	}
-	ids, deferred := share(ids, w.TerminateShare)
+	ids = share(ids, w.TerminateShare, out.Left)
 	w.Log = append(w.Log, fmt.Sprint("terminate ", ids))
-	out := map[string]instances.Termination{}
-	refusals := instances.Refusals{}
 	for _, id := range ids {
-		out[id] = instances.Terminating
+		out.Outcome[id] = instances.Terminating
 		if w.Protected[id] {
-			out[id], refusals[id] = instances.Refused, "OperationNotPermitted"
+			out.Outcome[id], out.Refusals[id] = instances.Refused, "OperationNotPermitted"
 		}
 	}
-	if len(refusals) > 0 {
-		return out, errors.Join(refusals, deferred)
-	}
-	return out, deferred
+	return out
 }
 
 func (w *World) ListOwned(_ context.Context, fn func(instances.Instance) error) error {
@@ -300,15 +337,33 @@ type Sent struct {
 
 // Queue keeps what was sent, in order.
 type Queue struct {
-	mu   sync.Mutex
+	mu sync.Mutex
+	// Sent are the Sends, each with the messages the queue took.
 	Sent []Sent
+	// Refuse, when set, is asked about each message sent: one it answers
+	// with an error is not taken but returned unsent.
+	Refuse func(workqueue.Message) error
 }
 
-func (q *Queue) Send(_ context.Context, delay time.Duration, msgs ...workqueue.Message) error {
+func (q *Queue) Send(_ context.Context, delay time.Duration, msgs ...workqueue.Message) (unsent []workqueue.Message, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.Sent = append(q.Sent, Sent{delay, msgs})
-	return nil
+	var took []workqueue.Message
+	var errs []error
+	for _, m := range msgs {
+		if q.Refuse != nil {
+			if err := q.Refuse(m); err != nil {
+				unsent, errs = append(unsent, m), append(errs, fmt.Errorf("%s: %w", m.InstanceID, err))
+				continue
+			}
+		}
+		took = append(took, m)
+	}
+	q.Sent = append(q.Sent, Sent{delay, took})
+	if len(unsent) == 0 {
+		return nil, nil
+	}
+	return unsent, fmt.Errorf("work queue: %d of %d messages not sent: %w", len(unsent), len(msgs), errors.Join(errs...))
 }
 
 // Pod is the n-th Pod of a test: jobs/job-<n>, with a UID made of n.

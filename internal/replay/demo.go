@@ -112,14 +112,18 @@ func (l *Lab) Replicas30(ctx context.Context, recordings string, progress io.Wri
 // windowEnd is when the exit-wait window of the scenario's instances
 // closes, from the gone states their records hold.
 func (l *Lab) windowEnd(ctx context.Context, sc *Scenario, exitWait time.Duration) (time.Time, error) {
-	recs, err := l.Ledger.GetMany(ctx, slices.Collect(maps.Values(sc.Instances)))
+	recs := l.Ledger.GetMany(ctx, slices.Collect(maps.Values(sc.Instances)))
+	if len(recs.Left) > 0 {
+		id := slices.Min(slices.Collect(maps.Keys(recs.Left)))
+		return time.Time{}, fmt.Errorf("%d ledger records not read, %s: %w", len(recs.Left), id, recs.Left[id])
+	}
 	var end time.Time
-	for _, rec := range recs {
+	for _, rec := range recs.Found {
 		if rec.Gone != nil && rec.Gone.At.Add(exitWait).After(end) {
 			end = rec.Gone.At.Add(exitWait)
 		}
 	}
-	return end, err
+	return end, nil
 }
 
 func (l *Lab) rows(ctx context.Context, sc *Scenario) ([]Row, error) {
