@@ -295,13 +295,14 @@ func (id identity) exit(ctx context.Context, pod *corev1.Pod) (kube.Result, erro
 	if err != nil {
 		return "", err
 	}
-	return id.writer.ApplyTo(ctx, snap, model.Outcome{
+	applied, err := id.writer.ApplyTo(ctx, snap, model.Outcome{
 		InstanceID: "i-0123456789abcdef0",
 		Exit: &model.Exit{
 			Container: "main", ContainerID: containerID, ExitCode: 0,
 			StartedAt: now.Add(-time.Hour), FinishedAt: now, ReceivedAt: now,
 		},
 	})
+	return applied.Result, err
 }
 
 // decodeFile decodes every object of a multi-document manifest.

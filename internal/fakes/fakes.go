@@ -15,10 +15,13 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/model"
+	"github.com/reaper-k8s/reaper/pkg/podstatus"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
@@ -33,6 +36,22 @@ type Ledger struct {
 	// as the real ledger reads them): an error leaves the chunk's ids Left
 	// with it.
 	FailChunk func(ids []string) error
+	// WriteDelay is how long each write takes; a write whose context ends
+	// first fails with the context's error.
+	WriteDelay time.Duration
+}
+
+// delay waits WriteDelay, or until ctx ends.
+func (l *Ledger) delay(ctx context.Context) error {
+	if l.WriteDelay <= 0 {
+		return nil
+	}
+	select {
+	case <-time.After(l.WriteDelay):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // NewLedger is an empty ledger whose writes happen at now.
@@ -47,7 +66,10 @@ func (l *Ledger) Get(_ context.Context, id string) (ledger.Record, bool, error) 
 	return r, ok, nil
 }
 
-func (l *Ledger) RecordExit(_ context.Context, id string, pod model.PodRef, exit model.Exit) (ledger.Record, error) {
+func (l *Ledger) RecordExit(ctx context.Context, id string, pod model.PodRef, exit model.Exit) (ledger.Record, error) {
+	if err := l.delay(ctx); err != nil {
+		return ledger.Record{}, err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.Writes++
@@ -56,7 +78,10 @@ func (l *Ledger) RecordExit(_ context.Context, id string, pod model.PodRef, exit
 	return r, nil
 }
 
-func (l *Ledger) RecordState(_ context.Context, id string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, error) {
+func (l *Ledger) RecordState(ctx context.Context, id string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, error) {
+	if err := l.delay(ctx); err != nil {
+		return ledger.Record{}, err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.Writes++
@@ -65,7 +90,10 @@ func (l *Ledger) RecordState(_ context.Context, id string, pod model.PodRef, sc 
 	return r, nil
 }
 
-func (l *Ledger) Adopt(_ context.Context, id string, pod model.PodRef) (ledger.Record, error) {
+func (l *Ledger) Adopt(ctx context.Context, id string, pod model.PodRef) (ledger.Record, error) {
+	if err := l.delay(ctx); err != nil {
+		return ledger.Record{}, err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r, applies := ledger.WithAdopt(l.Recs[id], id, pod, l.Now())
@@ -76,7 +104,10 @@ func (l *Ledger) Adopt(_ context.Context, id string, pod model.PodRef) (ledger.R
 	return r, nil
 }
 
-func (l *Ledger) MarkDone(_ context.Context, id string, d ledger.Done) error {
+func (l *Ledger) MarkDone(ctx context.Context, id string, d ledger.Done) error {
+	if err := l.delay(ctx); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.Writes++
@@ -215,21 +246,30 @@ func (w *World) ReadMany(_ context.Context, refs []model.PodRef) (map[model.PodR
 	return out, nil
 }
 
-func (w *World) ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome) (kube.Result, error) {
+// ApplyTo writes the outcome to a Pod of one container, "main" (or the
+// exit's), with the real status truth table (podstatus.Build): the phase
+// it answers is the one the real writer would write.
+func (w *World) ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome) (kube.Applied, error) {
 	if w.ApplyDelay > 0 {
 		select {
 		case <-time.After(w.ApplyDelay):
 		case <-ctx.Done():
-			return "", ctx.Err()
+			return kube.Applied{}, ctx.Err()
 		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if snap.Result != kube.Current {
-		return snap.Result, nil
+		return kube.Applied{Result: snap.Result}, nil
 	}
+	container := "main"
+	if o.Exit != nil {
+		container = o.Exit.Container
+	}
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: container}}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	status, _ := podstatus.Build(pod, o, time.Now())
 	w.Log = append(w.Log, "pod "+snap.Ref.String()+" "+o.Key())
-	return kube.Patched, nil
+	return kube.Applied{Result: kube.Patched, Phase: status.Phase}, nil
 }
 
 // describeChunk is how many ids the real Fleet names a DescribeInstances.
@@ -345,7 +385,12 @@ type Queue struct {
 	Refuse func(workqueue.Message) error
 }
 
-func (q *Queue) Send(_ context.Context, delay time.Duration, msgs ...workqueue.Message) (unsent []workqueue.Message, err error) {
+func (q *Queue) Send(ctx context.Context, delay time.Duration, msgs ...workqueue.Message) (unsent []workqueue.Message, err error) {
+	if ctx.Err() != nil {
+		// As the SQS client does: a request is not sent once its context
+		// is done.
+		return msgs, ctx.Err()
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var took []workqueue.Message

@@ -141,7 +141,7 @@ func TestDryRunDecidesAsTheRealRun(t *testing.T) {
 func handleBatch(t *testing.T, core *reaper.Reaper, msgs []workqueue.Message) {
 	t.Helper()
 	q := &memQueue{}
-	if err := q.Send(t.Context(), 0, msgs...); err != nil {
+	if _, err := q.Send(t.Context(), 0, msgs...); err != nil {
 		t.Fatal(err)
 	}
 	q.drain(t, core)
@@ -222,16 +222,17 @@ type recordingPods struct {
 	d *decisions
 }
 
-func (p recordingPods) ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome) (kube.Result, error) {
-	res, err := p.Pods.ApplyTo(ctx, snap, o)
+func (p recordingPods) ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome) (kube.Applied, error) {
+	applied, err := p.Pods.ApplyTo(ctx, snap, o)
 	if err == nil {
+		res := applied.Result
 		r := string(res)
 		if res == kube.Patched || res == kube.DryRun {
 			r = "write"
 		}
 		p.d.add(strings.Join([]string{"pod", o.Key(), r}, " "))
 	}
-	return res, err
+	return applied, err
 }
 
 type recordingFleet struct {
@@ -239,16 +240,16 @@ type recordingFleet struct {
 	d *decisions
 }
 
-func (f recordingFleet) Terminate(ctx context.Context, ids []string, known map[string]instances.Instance) (map[string]instances.Termination, error) {
-	out, err := f.Fleet.Terminate(ctx, ids, known)
+func (f recordingFleet) Terminate(ctx context.Context, ids []string, known map[string]instances.Instance) instances.Terminated {
+	out := f.Fleet.Terminate(ctx, ids, known)
 	for _, id := range ids {
-		switch out[id] {
+		switch out.Outcome[id] {
 		case instances.Terminating, instances.WouldTerminate:
 			f.d.add("terminate")
 		case "":
 		default:
-			f.d.add("terminate " + string(out[id]))
+			f.d.add("terminate " + string(out.Outcome[id]))
 		}
 	}
-	return out, err
+	return out
 }

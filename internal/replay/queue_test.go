@@ -26,20 +26,20 @@ type memQueue struct {
 	pending []events.SQSMessage
 }
 
-func (q *memQueue) Send(_ context.Context, _ time.Duration, msgs ...workqueue.Message) error {
+func (q *memQueue) Send(_ context.Context, _ time.Duration, msgs ...workqueue.Message) ([]workqueue.Message, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, m := range msgs {
+	for i, m := range msgs {
 		m.V = workqueue.Version
 		b, err := json.Marshal(m)
 		if err != nil {
-			return err
+			return msgs[i:], err
 		}
 		q.seq++
 		q.pending = append(q.pending, events.SQSMessage{MessageId: fmt.Sprintf("m-%d", q.seq), Body: string(b),
 			Attributes: map[string]string{"SentTimestamp": strconv.FormatInt(time.Now().UnixMilli(), 10)}})
 	}
-	return nil
+	return nil, nil
 }
 
 // batch hands the pending messages to the core's reconciler as one batch.

@@ -21,7 +21,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
@@ -123,35 +125,52 @@ func (w *StatusWriter) getPod(ctx context.Context, ref model.PodRef) (*corev1.Po
 	return &pod, nil
 }
 
+// Applied is what applying an outcome to a Pod came to: the result and,
+// when the status was written (Patched, DryRun), the phase it was written
+// with, which is the outcome Reaper counts.
+type Applied struct {
+	Result Result
+	Phase  corev1.PodPhase
+}
+
+// conflictBackoff paces the re-reads after resourceVersion conflicts:
+// each one means somebody else wrote the Pod in between.
+var conflictBackoff = wait.Backoff{Steps: maxConflicts, Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.1}
+
 // ApplyTo makes the Pod of a snapshot (from Read or ReadMany) carry the
 // outcome, with no read of its own first. A snapshot that is not Current
 // is its own answer, and nothing is written. It never rewrites a Pod that
 // is already Succeeded or Failed: it patches with the resourceVersion of
 // the snapshot, so a Pod that changed since (and may have ended) comes back
-// as a conflict and is read again. The patch also carries the Pod's UID,
-// so a replacement Pod of the same name is never written. Once the patch
-// has landed, an Event on the Pod says what Reaper did; an Event that
-// cannot be posted is logged and counted, and the result is still Patched.
-func (w *StatusWriter) ApplyTo(ctx context.Context, snap Snapshot, o model.Outcome) (Result, error) {
-	for attempt := range maxConflicts {
-		if attempt > 0 || (snap.Result == Current && snap.pod == nil) {
-			// After a conflict, or for a snapshot not made by a read.
+// as a conflict and is read again (retry.RetryOnConflict). The patch also
+// carries the Pod's UID, so a replacement Pod of the same name is never
+// written. Once the patch has landed, an Event on the Pod says what Reaper
+// did; an Event that cannot be posted is logged and counted, and the
+// result is still Patched.
+func (w *StatusWriter) ApplyTo(ctx context.Context, snap Snapshot, o model.Outcome) (Applied, error) {
+	var applied Applied
+	reread := snap.Result == Current && snap.pod == nil // a snapshot not made by a read
+	err := retry.RetryOnConflict(conflictBackoff, func() error {
+		if reread {
 			var err error
 			if snap, err = w.Read(ctx, snap.Ref); err != nil {
-				return "", err
+				return err
 			}
 		}
+		reread = true
 		status, res := w.plan(snap, o)
 		if res != "" {
-			return res, nil
+			applied = Applied{Result: res}
+			return nil
 		}
-		res, err := w.write(ctx, snap.pod, o, status)
-		if res == conflict {
-			continue
-		}
-		return res, err
+		var err error
+		applied, err = w.write(ctx, snap.pod, o, status)
+		return err
+	})
+	if apierrors.IsConflict(err) {
+		return Applied{}, fmt.Errorf("patch pod %s status: still conflicting after %d attempts: %w", snap.Ref, maxConflicts, err)
 	}
-	return "", fmt.Errorf("patch pod %s status: still conflicting after %d attempts", snap.Ref, maxConflicts)
+	return applied, err
 }
 
 // plan returns the status the snapshot's Pod must be patched to, or (res
@@ -174,43 +193,41 @@ type ReadOnly struct {
 }
 
 // ApplyTo decides the write from the snapshot and makes none.
-func (w ReadOnly) ApplyTo(ctx context.Context, snap Snapshot, o model.Outcome) (Result, error) {
+func (w ReadOnly) ApplyTo(ctx context.Context, snap Snapshot, o model.Outcome) (Applied, error) {
 	if snap.Result == Current && snap.pod == nil {
 		var err error
 		if snap, err = w.Read(ctx, snap.Ref); err != nil {
-			return "", err
+			return Applied{}, err
 		}
 	}
-	if _, res := w.plan(snap, o); res != "" {
-		return res, nil
+	status, res := w.plan(snap, o)
+	if res != "" {
+		return Applied{Result: res}, nil
 	}
-	return DryRun, nil
+	return Applied{Result: DryRun, Phase: status.Phase}, nil
 }
-
-// conflict is write's answer when the Pod changed since it was read.
-const conflict Result = "conflict"
 
 // write patches the Pod's status and, once the patch has landed, posts the
 // Event saying what happened. The Event waits for the patch because until
 // then what it would say is not known: the Pod may turn out replaced, gone
-// or changed.
-func (w *StatusWriter) write(ctx context.Context, pod *corev1.Pod, o model.Outcome, status corev1.PodStatus) (Result, error) {
+// or changed (a conflict, returned as the apiserver's error).
+func (w *StatusWriter) write(ctx context.Context, pod *corev1.Pod, o model.Outcome, status corev1.PodStatus) (Applied, error) {
 	patch, err := statusPatch(pod, status)
 	if err != nil {
-		return "", err
+		return Applied{}, err
 	}
 	var patched corev1.Pod
 	err = w.client.Patch(types.StrategicMergePatchType).Namespace(pod.Namespace).Resource("pods").Name(pod.Name).
 		SubResource("status").Param("fieldManager", Component).Body(patch).Do(ctx).Into(&patched)
 	switch {
 	case apierrors.IsConflict(err):
-		return conflict, nil
+		return Applied{}, err
 	case apierrors.IsNotFound(err):
-		return PodGone, nil
+		return Applied{Result: PodGone}, nil
 	case isUIDMismatch(err):
-		return PodReplaced, nil
+		return Applied{Result: PodReplaced}, nil
 	case err != nil:
-		return "", fmt.Errorf("patch pod %s/%s status: %w", pod.Namespace, pod.Name, err)
+		return Applied{}, fmt.Errorf("patch pod %s/%s status: %w", pod.Namespace, pod.Name, err)
 	}
 	if err := w.event(ctx, &patched, o); err != nil {
 		// The status is what matters and it is written: the step is done.
@@ -218,7 +235,7 @@ func (w *StatusWriter) write(ctx context.Context, pod *corev1.Pod, o model.Outco
 			slog.String("error", err.Error()))
 		w.Metrics.Count(metrics.EventsNotPosted, 1)
 	}
-	return Patched, nil
+	return Applied{Result: Patched, Phase: patched.Status.Phase}, nil
 }
 
 func (w *StatusWriter) logger() *slog.Logger {

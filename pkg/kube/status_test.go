@@ -420,7 +420,7 @@ func TestApplyToFromReadMany(t *testing.T) {
 	r.proxy.Calls.Reset()
 	o := exit()
 	for _, ref := range refs {
-		res, err := r.writer.ApplyTo(ctx, snaps[ref], o)
+		res, err := result(r.writer.ApplyTo(ctx, snaps[ref], o))
 		if err != nil || res != kube.Patched {
 			t.Fatalf("%s: ApplyTo = %q, %v; want %s", ref, res, err, kube.Patched)
 		}
@@ -448,7 +448,7 @@ func TestApplyToFromReadMany(t *testing.T) {
 	}
 	r.proxy.Calls.Reset()
 	for _, ref := range refs {
-		if res, err := r.writer.ApplyTo(ctx, snaps[ref], o); err != nil || res != kube.AlreadyTerminal {
+		if res, err := result(r.writer.ApplyTo(ctx, snaps[ref], o)); err != nil || res != kube.AlreadyTerminal {
 			t.Errorf("%s again: %q, %v; want %s", ref, res, err, kube.AlreadyTerminal)
 		}
 	}
@@ -483,7 +483,7 @@ func TestApplyToGuards(t *testing.T) {
 	}
 
 	r.proxy.Calls.Reset()
-	if res, err := r.writer.ApplyTo(ctx, snaps[ended], exit()); err != nil || res != kube.AlreadyTerminal {
+	if res, err := result(r.writer.ApplyTo(ctx, snaps[ended], exit())); err != nil || res != kube.AlreadyTerminal {
 		t.Errorf("ended after the read: %q, %v; want %s", res, err, kube.AlreadyTerminal)
 	}
 	if phase := r.phase(t, ended); phase != corev1.PodFailed {
@@ -495,7 +495,7 @@ func TestApplyToGuards(t *testing.T) {
 	}
 
 	r.proxy.Calls.Reset()
-	if res, err := r.writer.ApplyTo(ctx, snaps[replaced], exit()); err != nil || res != kube.PodReplaced {
+	if res, err := result(r.writer.ApplyTo(ctx, snaps[replaced], exit())); err != nil || res != kube.PodReplaced {
 		t.Errorf("replaced after the read: %q, %v; want %s", res, err, kube.PodReplaced)
 	}
 	if phase := r.phase(t, replaced); phase != corev1.PodPending {
@@ -532,7 +532,7 @@ func TestEventFailures(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res, err := r.writer.ApplyTo(ctx, snap, exit()); err != nil || res != kube.Patched {
+		if res, err := result(r.writer.ApplyTo(ctx, snap, exit())); err != nil || res != kube.Patched {
 			t.Errorf("%s: ApplyTo = %q, %v; want %s and no error", what, res, err, kube.Patched)
 		}
 		if phase := r.phase(t, ref); phase != corev1.PodSucceeded {
@@ -568,7 +568,7 @@ func TestEventLongPodName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := r.writer.ApplyTo(ctx, snap, exit())
+	res, err := result(r.writer.ApplyTo(ctx, snap, exit()))
 	if err != nil || res != kube.Patched {
 		t.Fatalf("ApplyTo = %q, %v; want %s", res, err, kube.Patched)
 	}
@@ -584,3 +584,6 @@ func TestEventLongPodName(t *testing.T) {
 		t.Errorf("event name %q (%d characters): %v; want a valid name made of the Pod's, shortened", got, len(got), errs)
 	}
 }
+
+// result is the Result of an ApplyTo.
+func result(a kube.Applied, err error) (kube.Result, error) { return a.Result, err }
