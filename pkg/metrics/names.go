@@ -78,6 +78,13 @@ const (
 	// because its share of EC2's token buckets would not cover them
 	// before its deadline.
 	WorkItemsDeferred = "WorkItemsDeferred"
+	// WorkDeadLettered: instances whose work the reconciler could not
+	// finish in workqueue.MaxAttempts batches, sent to the dead-letter
+	// queue with the reason.
+	WorkDeadLettered = "WorkDeadLettered"
+	// SweepLeftOver: ledger writes a sweep had no time for, left to the
+	// next sweep.
+	SweepLeftOver = "SweepLeftOver"
 	// WorkItemsFailed: instances the reconciler returned as batch item
 	// failures; SQS delivers them again after the visibility timeout.
 	WorkItemsFailed = "WorkItemsFailed"
@@ -138,8 +145,10 @@ var Definitions = []Definition{
 	{PodWrittenTagsFailed, Count, "", "Pod-written tags not put"},
 	{WorkItemsRetried, Count, "", "Work items retried"},
 	{WorkItemsQueued, Count, "", "Instances handed to the work queue"},
-	{WorkItemsDeferred, Count, "", "Instances deferred by EC2 pacing"},
+	{WorkItemsDeferred, Count, "", "Instances deferred for want of time or EC2 tokens"},
 	{WorkItemsFailed, Count, "", "Instances returned to the queue as failures"},
+	{WorkDeadLettered, Count, "", "Instances whose work went to the dead-letter queue"},
+	{SweepLeftOver, Count, "", "Sweep ledger writes left to the next sweep"},
 	{FinishToRecorded, Milliseconds, "", "Container finish to ledger record"},
 	{FinishToPodTerminal, Milliseconds, "", "Container finish to Pod terminal status"},
 	{FinishToTerminated, Milliseconds, "", "Container finish to TerminateInstances accepted"},

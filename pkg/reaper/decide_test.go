@@ -1,9 +1,11 @@
 package reaper
 
 import (
+	"cmp"
 	"testing"
 	"time"
 
+	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
@@ -22,9 +24,12 @@ func TestDecide(t *testing.T) {
 		rec       ledger.Record
 		now       time.Time
 		policy    Policy
-		pod       string // outcome key, "" for no write
+		ec2       *instances.Instance // as described in the batch
+		pod       string              // outcome key, "" for no write
 		terminate bool
 		wait      bool
+		// unwritten is End.Now when the Pod write fails (default: terminate)
+		unwritten *bool
 	}{
 		{name: "fresh exit", rec: exitRec(false), pod: "exit/1", terminate: true},
 		{name: "restart keeps instance", rec: exitRec(true), pod: "exit/1"},
@@ -47,6 +52,12 @@ func TestDecide(t *testing.T) {
 			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", terminate: true},
 		{name: "powered off inside the grace", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt, r.Gone, r.PodSynced = t0, gone("shutting-down"), "exit/1" }), now: t0.Add(10 * time.Second),
 			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, terminate: true},
+		{name: "described ending: terminated, no grace", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt = t0 }), now: t0.Add(10 * time.Second),
+			ec2: &instances.Instance{State: model.StateShuttingDown}, policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", terminate: true},
+		{name: "grace judged from the lookup", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt = t0 }), now: t0.Add(40 * time.Second),
+			ec2: &instances.Instance{State: model.StateRunning, DescribedAt: t0.Add(20 * time.Second)}, policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", wait: true},
+		{name: "pod-written tag: grace from the write, from the exit if the write fails", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt = t0 }), now: t0.Add(40 * time.Second),
+			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second, PodWrittenTag: "reaper.io/pod-written"}, pod: "exit/1", wait: true, unwritten: new(true)},
 		{name: "restart pending, terminal line inside window wins", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/0", gone("terminated") }), now: t0.Add(time.Minute), pod: "exit/1", terminate: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,16 +65,27 @@ func TestDecide(t *testing.T) {
 			if p == (Policy{}) {
 				p = policy
 			}
-			plan := Decide(tc.rec, tc.now, p)
+			plan := Decide(tc.rec, tc.ec2, tc.now, p)
 			if got := outcomeKey(plan.Pod); got != tc.pod {
 				t.Errorf("pod outcome %q, want %q", got, tc.pod)
 			}
-			if plan.Terminate != tc.terminate {
-				t.Errorf("terminate %v, want %v", plan.Terminate, tc.terminate)
+			if plan.End.Now != tc.terminate {
+				t.Errorf("terminate %v, want %v", plan.End.Now, tc.terminate)
+			}
+			if want := cmp.Or(tc.unwritten, &tc.terminate); plan.EndUnwritten.Now != *want {
+				t.Errorf("terminate if the write fails %v, want %v", plan.EndUnwritten.Now, *want)
 			}
 			if !plan.WaitUntil.IsZero() != tc.wait {
 				t.Errorf("wait until %v, want waiting=%v", plan.WaitUntil, tc.wait)
 			}
 		})
 	}
+}
+
+// outcomeKey is the key of the outcome a plan writes, "" for none.
+func outcomeKey(o *model.Outcome) string {
+	if o == nil {
+		return ""
+	}
+	return o.Key()
 }

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
@@ -46,11 +48,19 @@ type SweepSummary struct {
 	IdentityMismatch int `json:"identityMismatch"`
 	// Adopted are running owned instances the ledger had no record of; a
 	// record of their Pod, from their tags, now outlives EC2's memory.
-	Adopted      int `json:"adopted"`
+	Adopted int `json:"adopted"`
+	// LeftOver are ledger writes (missed gone states, adoptions) the sweep
+	// had no time for: the next sweep makes them.
+	LeftOver     int `json:"leftOver"`
 	WaitingExit  int `json:"waitingExit"`
 	Errors       int `json:"errors"`
 	DurationMsec int `json:"durationMs"`
 }
+
+// sweepReserve is the time a sweep keeps, before its invocation's
+// deadline, for what follows its ledger writes: the Pod reads of the
+// orphan check and the queue's sends. A quarter of a short invocation.
+const sweepReserve = 15 * time.Second
 
 // Sweep compares ledger × owned instances × Pods and hands what it finds
 // to the reconciler, so that a lost or failed event delays a result but
@@ -69,35 +79,42 @@ type SweepSummary struct {
 //     reconciler to be terminated (it reads the Pod again), at most
 //     Policy.OrphanCap of the running ones a sweep: orphans.
 //
-// It returns an error if any step failed; the next sweep picks them up.
+// Its ledger writes go ledgerWorkers at a time until sweepReserve before
+// the deadline; those it has no time for are left to the next sweep,
+// counted (SweepSummary.LeftOver). It returns an error if any step failed;
+// the next sweep picks them up.
 func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSummary, error) {
 	defer r.flushMetrics(ctx)
 	start := r.Now()
 	var sum SweepSummary
 	records, managed, err := r.sweepInputs(ctx, start.Add(-orphanGrace), &sum)
-	if err != nil {
+	if records == nil {
 		return sum, err
 	}
-	var errs []error
-	fresh, err := r.missedGone(ctx, managed, records, start, &sum)
+	// Instances whose records could not be read are left out; the rest
+	// are swept.
+	errs := []error{err}
+	writeCtx, cancel := until(ctx, sweepWriteDeadline(ctx))
+	defer cancel()
+	fresh, err := r.missedGone(writeCtx, managed, records, start, &sum)
 	errs = append(errs, err)
 	msgs := r.unfinished(records, fresh, start, &sum)
-	errs = append(errs, r.adopt(ctx, managed, records, start.Add(-orphanGrace), &sum))
+	errs = append(errs, r.adopt(writeCtx, managed, records, start.Add(-orphanGrace), &sum))
 	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace), &sum)
 	errs = append(errs, err)
 	sum.Orphans = len(orphans)
 	r.Metrics.Count(metrics.OrphansFound, len(orphans))
+	r.Metrics.Count(metrics.SweepLeftOver, sum.LeftOver)
 	for _, id := range orphans {
 		msgs = append(msgs, workqueue.Orphan(id))
 	}
 	if len(msgs) > 0 {
-		if err := r.Queue.Send(ctx, 0, msgs...); err != nil {
+		if _, err := r.Queue.Send(ctx, 0, msgs...); err != nil {
 			errs = append(errs, err)
 		} else {
 			r.Metrics.Count(metrics.WorkItemsQueued, len(msgs))
 		}
 	}
-
 	err = errors.Join(errs...)
 	if err != nil {
 		sum.Errors = len(flatten(err))
@@ -107,15 +124,28 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 		slog.Int("records", sum.Records), slog.Int("managedInstances", sum.ManagedInstances),
 		slog.Int("missedGone", sum.MissedGone), slog.Int("queued", sum.Queued), slog.Int("inFlight", sum.InFlight), slog.Int("orphans", sum.Orphans),
 		slog.Int("heldBack", sum.HeldBack), slog.Int("identityMismatch", sum.IdentityMismatch), slog.Int("adopted", sum.Adopted),
-		slog.Int("waitingExit", sum.WaitingExit), slog.Int("errors", sum.Errors),
+		slog.Int("leftOver", sum.LeftOver), slog.Int("waitingExit", sum.WaitingExit), slog.Int("errors", sum.Errors),
 		slog.Int("durationMs", sum.DurationMsec))
 	return sum, err
+}
+
+// sweepWriteDeadline is when a sweep stops starting ledger writes: its
+// invocation's deadline less sweepReserve, or less a quarter of the time
+// left, whichever is less (zero: no deadline).
+func sweepWriteDeadline(ctx context.Context) time.Time {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return time.Time{}
+	}
+	return d.Add(-min(sweepReserve, time.Until(d)/4))
 }
 
 // sweepInputs reads what the rules look at: the pending records, the owned
 // instances (one paginated listing), and the records of those owned
 // instances the rules check (gone, or launched before cutoff) that are not
-// pending.
+// pending. Without the pending records or the listing it returns nil
+// records; owned instances whose records could not be read are left out
+// of managed, with an error that says so.
 func (r *Reaper) sweepInputs(ctx context.Context, cutoff time.Time, sum *SweepSummary) (map[string]ledger.Record, map[string]instances.Instance, error) {
 	records := map[string]ledger.Record{}
 	if err := r.Ledger.Pending(ctx, func(rec ledger.Record) error {
@@ -139,12 +169,50 @@ func (r *Reaper) sweepInputs(ctx context.Context, cutoff time.Time, sum *SweepSu
 			lookup = append(lookup, id)
 		}
 	}
-	settled, err := r.Ledger.GetMany(ctx, lookup)
-	if err != nil {
-		return nil, nil, err
+	fetched := r.Ledger.GetMany(ctx, lookup)
+	maps.Copy(records, fetched.Found)
+	if len(fetched.Left) > 0 {
+		// The rules would take those instances for unknown to the ledger.
+		var errs []error
+		for id, err := range fetched.Left {
+			errs = append(errs, fmt.Errorf("read the record of %s: %w", id, err))
+			delete(managed, id)
+		}
+		return records, managed, errors.Join(errs...)
 	}
-	maps.Copy(records, settled)
 	return records, managed, nil
+}
+
+// sweepWrites makes a sweep's ledger writes, ledgerWorkers at a time, and
+// counts those it has no time for (ctx done) in sum.LeftOver.
+func sweepWrites(ctx context.Context, ids []string, sum *SweepSummary, write func(id string) error) error {
+	var (
+		g    errgroup.Group
+		mu   sync.Mutex
+		errs []error
+	)
+	g.SetLimit(ledgerWorkers)
+	for _, id := range ids {
+		if ctx.Err() != nil {
+			mu.Lock()
+			sum.LeftOver++
+			mu.Unlock()
+			continue
+		}
+		g.Go(func() error {
+			err := write(id)
+			mu.Lock()
+			defer mu.Unlock()
+			if outOfTime(ctx, err) != err {
+				sum.LeftOver++
+			} else if err != nil {
+				errs = append(errs, err)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	return errors.Join(errs...)
 }
 
 // missedGone records the gone state of owned instances whose state-change
@@ -152,22 +220,28 @@ func (r *Reaper) sweepInputs(ctx context.Context, cutoff time.Time, sum *SweepSu
 // Those Reaper terminated itself need nothing more: their Pod step was
 // settled when it did.
 func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, now time.Time, sum *SweepSummary) (map[string]bool, error) {
-	var errs []error
-	wrote := map[string]bool{}
+	var ids []string
 	for id, inst := range managed {
 		rec, ok := records[id]
-		if !model.IsGone(inst.State) || (ok && (rec.Gone != nil || !rec.Terminated.IsZero())) {
-			continue
+		if model.IsGone(inst.State) && (!ok || (rec.Gone == nil && rec.Terminated.IsZero())) {
+			ids = append(ids, id)
 		}
-		sum.MissedGone++
-		rec, err := r.Ledger.RecordState(ctx, id, inst.Pod, ledger.StateChange{State: inst.State, At: now})
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		records[id], wrote[id] = rec, true
 	}
-	return wrote, errors.Join(errs...)
+	slices.Sort(ids)
+	sum.MissedGone = len(ids)
+	var mu sync.Mutex
+	wrote := map[string]bool{}
+	err := sweepWrites(ctx, ids, sum, func(id string) error {
+		rec, err := r.Ledger.RecordState(ctx, id, managed[id].Pod, ledger.StateChange{State: managed[id].State, At: now})
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		records[id], wrote[id] = rec, true
+		return nil
+	})
+	return wrote, err
 }
 
 // requeueAfter is how long after a reconciler batch last wrote a record
@@ -177,21 +251,26 @@ func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.In
 // every minute. Past it, a record with work left is queued again.
 const requeueAfter = 5 * time.Minute
 
-// unfinished are the work items of records with a step left at now, but
-// for those whose work is in flight: a batch wrote the record lately and
-// the same work was due then. Work that fell due since (an exit-wait
-// window closing) and records this sweep wrote itself (fresh) are queued.
+// unfinished are the work items of the pending records with a step left
+// at now, but for those whose work is in flight: a batch wrote the record
+// lately, after the work fell due (Plan.DueSince). Work that fell due
+// since (an exit-wait window closing) and records this sweep wrote itself
+// (fresh) are queued. A record off the pending index is settled: its
+// work is done, or went to the dead-letter queue.
 func (r *Reaper) unfinished(records map[string]ledger.Record, fresh map[string]bool, now time.Time, sum *SweepSummary) []workqueue.Message {
 	var msgs []workqueue.Message
 	for _, rec := range records {
-		plan := Decide(rec, now, r.Policy)
+		if rec.Pending == "" {
+			continue
+		}
+		plan := Decide(rec, nil, now, r.Policy)
 		if !plan.WaitUntil.IsZero() {
 			sum.WaitingExit++
 		}
-		if plan.Pod == nil && !plan.Terminate {
+		if plan.Pod == nil && !plan.End.Now {
 			continue
 		}
-		if !fresh[rec.InstanceID] && now.Sub(rec.UpdatedAt) < requeueAfter && samePlan(plan, Decide(rec, rec.UpdatedAt, r.Policy)) {
+		if !fresh[rec.InstanceID] && now.Sub(rec.UpdatedAt) < requeueAfter && !plan.DueSince.After(rec.UpdatedAt) {
 			sum.InFlight++
 			continue
 		}
@@ -202,16 +281,12 @@ func (r *Reaper) unfinished(records map[string]ledger.Record, fresh map[string]b
 	return msgs
 }
 
-// samePlan says whether two plans ask for the same steps.
-func samePlan(a, b Plan) bool {
-	return a.Terminate == b.Terminate && outcomeKey(a.Pod) == outcomeKey(b.Pod)
-}
-
 // adopt records the running owned instances older than cutoff that the
 // ledger has no record of (sweepInputs read theirs): their Pod, from their
-// tags, and nothing else. One write an instance, once. EC2
-// forgets a terminated instance after about an hour; with a record, a
-// late state change or exit still finds the Pod it concerns.
+// tags, and nothing else. One write an instance, once; a fleet launched at
+// once is adopted by one sweep, the writes side by side. EC2 forgets a
+// terminated instance after about an hour; with a record, a late state
+// change or exit still finds the Pod it concerns.
 func (r *Reaper) adopt(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time, sum *SweepSummary) error {
 	var ids []string
 	for id, inst := range managed {
@@ -219,10 +294,9 @@ func (r *Reaper) adopt(ctx context.Context, managed map[string]instances.Instanc
 			ids = append(ids, id)
 		}
 	}
-	// A fleet launched at once is adopted by one sweep: the writes go out
-	// side by side, as a batch's do.
+	slices.Sort(ids)
 	var mu sync.Mutex
-	return forEach(ctx, ledgerWorkers, ids, func(id string) error {
+	return sweepWrites(ctx, ids, sum, func(id string) error {
 		rec, err := r.Ledger.Adopt(ctx, id, managed[id].Pod)
 		if err != nil {
 			return err
@@ -236,33 +310,37 @@ func (r *Reaper) adopt(ctx context.Context, managed map[string]instances.Instanc
 }
 
 // orphans are running owned instances older than cutoff whose Pod no
-// longer needs them: deleted, replaced by another UID, or already terminal,
-// in the cluster the instance was launched for (sameCluster). Instances
-// whose believed terminal exit the ledger holds are left to their record,
-// and those EC2 refused lately to their refusal; one whose last exit waits
-// for a restart is an orphan like any other once its Pod is gone. At most
-// Policy.OrphanCap of the running owned instances are returned, oldest
-// first; the rest are held back, counted and logged.
+// longer needs them (mayBeOrphan, then the Pod deleted, replaced by
+// another UID, or already terminal), in the cluster the instance was
+// launched for (sameCluster). At most Policy.OrphanCap of the running
+// owned instances are returned, oldest first; the rest are held back,
+// counted and logged.
 func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time, sum *SweepSummary) ([]string, error) {
 	var (
 		candidates []instances.Instance
 		running    int
 		errs       []error
 	)
+	now := r.Now()
 	for id, inst := range managed {
 		if inst.State != model.StateRunning && inst.State != model.StatePending {
 			continue
 		}
 		running++
-		rec, ok := records[id]
-		if !mayBeOrphan(inst, rec, ok, r.Now()) || !inst.LaunchTime.Before(cutoff) {
+		if !inst.LaunchTime.Before(cutoff) {
 			continue
 		}
 		if inst.Pod.UID == "" {
 			errs = append(errs, fmt.Errorf("managed instance %s has no pod tags", inst.ID))
 			continue
 		}
-		candidates = append(candidates, inst)
+		var rec *ledger.Record
+		if r, ok := records[id]; ok {
+			rec = &r
+		}
+		if mayBeOrphan(inst, rec, now) {
+			candidates = append(candidates, inst)
+		}
 	}
 	if len(candidates) == 0 {
 		return nil, errors.Join(errs...)

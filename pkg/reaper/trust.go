@@ -11,74 +11,78 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
-// distrust says why a Pod claimed for an instance is not to be believed, or
-// "" when the instance's launch tags agree: managed, this cluster, and the
-// same Pod namespace, name and UID.
-func distrust(inst instances.Instance, known bool, pod model.PodRef) string {
-	switch {
-	case !known:
+// trust is the one check of a claim, a Pod said to run on an instance: ""
+// believes it, anything else is the reason it is not believed. While EC2
+// describes the instance (ec2), its launch tags decide: managed, this
+// cluster, and the same Pod namespace, name and UID. Once EC2 no longer
+// knows it, a record checked against those tags while it did (rec) backs
+// a claim of the Pod it names: the exit of a Pod whose lookups failed until
+// EC2 forgot its instance still counts.
+func trust(claim model.PodRef, ec2 *instances.Instance, rec *ledger.Record) string {
+	if ec2 == nil {
+		if rec != nil && !rec.Unverified && rec.Pod.UID != "" && rec.Pod == claim {
+			return ""
+		}
 		return model.ReasonInstanceUnknown
-	case !inst.Managed:
+	}
+	switch {
+	case !ec2.Managed:
 		return model.ReasonNotManaged
-	case !inst.Owned:
+	case !ec2.Owned:
 		return model.ReasonOtherCluster
-	case inst.Pod.UID == "":
+	case ec2.Pod.UID == "":
 		return model.ReasonNoPodTags
-	case inst.Pod != pod:
+	case ec2.Pod != claim:
 		return model.ReasonPodMismatch
 	}
 	return ""
 }
 
-// believe returns what Reaper may act on in a record, given the instance as
-// EC2 describes it (known=false: EC2 no longer knows it). ok=false: act on
-// nothing, for reason. An exit whose Pod disagrees with the tags is dropped
-// from the view (reason says so, ok stays true) and the tags name the Pod:
-// the instance's own end (gone, lost) still decides the real Pod's status.
-func believe(rec ledger.Record, inst instances.Instance, known bool) (view ledger.Record, reason string, ok bool) {
-	if !known {
+// believe returns what Reaper may act on in rec, given the instance as EC2
+// describes it (nil: EC2 no longer knows it). A nil view acts on nothing,
+// for reason. A record is the Pod its instance's tags name (trust): an
+// exit recorded for another Pod is dropped from the view (reason says so)
+// and the instance's own end (gone, lost) still decides the real Pod's
+// status.
+func believe(rec ledger.Record, ec2 *instances.Instance) (view *ledger.Record, reason string) {
+	if ec2 == nil {
 		// Terminated instances leave EC2's answers after about an hour; a
 		// record checked when it was written still stands.
 		if rec.Unverified {
-			return rec, model.ReasonInstanceUnknown, false
+			return nil, model.ReasonInstanceUnknown
 		}
-		return rec, "", true
+		return &rec, ""
 	}
-	if reason := distrust(inst, known, inst.Pod); reason != "" {
-		return rec, reason, false
+	if reason := trust(ec2.Pod, ec2, nil); reason != "" {
+		return nil, reason
 	}
-	if rec.Pod != inst.Pod {
+	if rec.Pod != ec2.Pod {
 		if rec.Exit != nil {
 			reason = model.ReasonPodMismatch
 		}
-		rec.Pod, rec.Exit = inst.Pod, nil
+		rec.Pod, rec.Exit = ec2.Pod, nil
 	}
 	rec.Unverified = false
-	return rec, reason, true
+	return &rec, reason
 }
 
-// endedByRecord says whether rec ends inst by itself: a terminal exit of
-// the Pod inst's tags name, checked against them when it was recorded. An
-// exit kept for another Pod, or one an older version recorded unchecked,
-// shields nothing from orphan cleanup.
-func endedByRecord(rec ledger.Record, ok bool, inst instances.Instance) bool {
-	return ok && rec.Exit != nil && rec.Exit.Terminal() && !rec.Unverified && rec.Pod == inst.Pod
-}
-
-// mayBeOrphan says whether inst may be an orphan: running (or pending) with
-// neither its record ending it nor a recent refusal of EC2 to terminate it.
-// Whether its Pod still lives decides. The sweeper asks before it queues
-// the instance and the reconciler again before it terminates it, each with
-// its own read of the Pod: a message on the queue proves nothing.
-func mayBeOrphan(inst instances.Instance, rec ledger.Record, ok bool, now time.Time) bool {
-	return (inst.State == model.StateRunning || inst.State == model.StatePending) &&
-		!endedByRecord(rec, ok, inst) && !refusedLately(rec, ok, now)
-}
-
-// refusedLately says whether EC2 refused to terminate the instance less
-// than RefusalBackoff before now.
-func refusedLately(rec ledger.Record, ok bool, now time.Time) bool {
-	return ok && rec.TerminateRefused != nil && now.Before(rec.TerminateRefused.At.Add(RefusalBackoff))
+// mayBeOrphan is the one orphan check: an owned instance running (or
+// pending) for a Pod its tags name, with neither its record ending it (a
+// terminal exit of that Pod, checked when it was recorded) nor a refusal
+// of EC2 to terminate it less than RefusalBackoff before now. Whether its
+// Pod still lives decides. The sweeper asks before it queues the instance
+// and the reconciler again before it terminates it, each with its own read
+// of the Pod: a message on the queue proves nothing.
+func mayBeOrphan(inst instances.Instance, rec *ledger.Record, now time.Time) bool {
+	if !inst.Owned || inst.Pod.UID == "" || (inst.State != model.StateRunning && inst.State != model.StatePending) {
+		return false
+	}
+	if rec == nil {
+		return true
+	}
+	ended := rec.Exit != nil && rec.Exit.Terminal() && !rec.Unverified && rec.Pod == inst.Pod
+	refused := rec.TerminateRefused != nil && now.Before(rec.TerminateRefused.At.Add(RefusalBackoff))
+	return !ended && !refused
 }
 
 // sameCluster keeps the instances launched for the cluster Reaper reaches:
@@ -88,27 +92,24 @@ func refusedLately(rec ledger.Record, ok bool, now time.Time) bool {
 // the wrong or a recreated cluster would otherwise make every instance an
 // orphan. The others are counted and logged; without the identity nothing
 // is kept (fail closed).
-func (r *Reaper) sameCluster(ctx context.Context, insts []instances.Instance) ([]instances.Instance, int, error) {
+func (r *Reaper) sameCluster(ctx context.Context, insts []instances.Instance) (keep []instances.Instance, foreign int, err error) {
 	identity, err := r.Pods.ClusterIdentity(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	var (
-		keep    []instances.Instance
-		foreign []instances.Instance
-	)
+	var others []instances.Instance
 	for _, inst := range insts {
 		if inst.ClusterUID != "" && inst.ClusterUID == identity {
 			keep = append(keep, inst)
 		} else {
-			foreign = append(foreign, inst)
+			others = append(others, inst)
 		}
 	}
-	if len(foreign) > 0 {
-		r.Metrics.Count(metrics.ClusterIdentityMismatch, len(foreign))
+	if len(others) > 0 {
+		r.Metrics.Count(metrics.ClusterIdentityMismatch, len(others))
 		r.Log.LogAttrs(ctx, slog.LevelError, "cluster identity mismatch: not treated as orphans",
-			slog.Int("instances", len(foreign)), slog.String("apiserverIdentity", identity),
-			slog.String("example", foreign[0].ID), slog.String("exampleTag", foreign[0].ClusterUID))
+			slog.Int("instances", len(others)), slog.String("apiserverIdentity", identity),
+			slog.String("example", others[0].ID), slog.String("exampleTag", others[0].ClusterUID))
 	}
-	return keep, len(foreign), nil
+	return keep, len(others), nil
 }

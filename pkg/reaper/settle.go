@@ -1,0 +1,342 @@
+package reaper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/kube"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
+	"github.com/reaper-k8s/reaper/pkg/model"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
+)
+
+// settle is the batch's last phase. Each entry's steps come to a verdict
+// (done, deferred, dead-lettered or failed); the ledger learns what was
+// done, until phases.marks; then the queue's sends, in the time reserved
+// for them until phases.settle: deferred work with its attempt counted,
+// work past workqueue.MaxAttempts to the dead-letter queue with its
+// reason, wake-ups at the end of power-off graces, and state changes EC2
+// did not confirm yet.
+func (b *batchRun) settle(ctx context.Context) {
+	for _, e := range b.live() {
+		var podErr error
+		if e.view != nil && e.plan.Pod != nil {
+			podErr = e.podErr
+		}
+		e.conclude(errors.Join(podErr, e.termErr))
+	}
+	marksCtx, cancel := afterWork(ctx, b.p.marks)
+	b.mark(marksCtx)
+	cancel()
+	sendCtx, cancel := afterWork(ctx, b.p.settle)
+	defer cancel()
+	b.sendDeferred(sendCtx)
+	b.sendDeadLetters(sendCtx)
+	b.sendWakeUps(sendCtx)
+	b.sendRechecks(sendCtx)
+	for _, e := range b.entries {
+		if e.view != nil {
+			b.logEntry(ctx, e)
+		}
+	}
+}
+
+// deadLetter says whether the entry's work goes to the dead-letter queue:
+// deferred on its last attempt.
+func (e *entry) deadLetter() bool { return e.failed == nil && e.later != nil && e.lastAttempt() }
+
+// mark writes, in parallel, what the ledger must learn of each entry
+// (entry.done), and the marks of the orphans terminated. A mark the batch
+// has no time for defers its entry: the next try marks it.
+func (b *batchRun) mark(ctx context.Context) {
+	var g errgroup.Group
+	g.SetLimit(ledgerWorkers)
+	for _, e := range b.entries {
+		d, write := e.done()
+		if !write {
+			continue
+		}
+		if ctx.Err() != nil {
+			e.conclude(errNoTime)
+			continue
+		}
+		g.Go(func() error {
+			if e.refusal != "" {
+				b.terminationRefused(ctx, e.id, d.Pod, e.refusal)
+			}
+			e.markErr = outOfTime(ctx, b.Ledger.MarkDone(ctx, e.id, d))
+			e.conclude(e.markErr)
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
+// done is what the ledger must learn of an entry after its steps, and
+// whether that is worth a write: the Pod outcome written, the instance
+// terminated (or EC2's refusal), and whether the record is settled (it
+// then leaves the pending index): its Pod step done, nothing left to wait
+// for, its instance ended if the plan ended it. It reads the plan and the
+// steps' results; it decides nothing again. Work that goes to the
+// dead-letter queue settles its record too: the sweep does not queue it
+// again, and a redrive of the dead letter retries it.
+func (e *entry) done() (ledger.Done, bool) {
+	if e.view == nil {
+		return e.orphanDone()
+	}
+	d := ledger.Done{Version: e.view.Version}
+	if e.plan.Pod != nil && e.podErr == nil {
+		d.PodSynced = e.plan.Pod.Key()
+	}
+	if e.end.Now && e.termErr == nil && e.term != "" {
+		if e.term == instances.Refused {
+			d.Refused, d.Pod = e.refusal, e.view.Pod
+		} else {
+			d.Terminated = true
+		}
+	}
+	podDone := e.plan.Pod == nil || e.podErr == nil
+	d.Settled = (podDone && e.plan.WaitUntil.IsZero() && (!e.plan.End.Now || d.Terminated)) || e.deadLetter()
+	write := d.PodSynced != "" || d.Terminated || d.Refused != "" || d.Settled == (e.view.Pending != "")
+	return d, write
+}
+
+// orphanDone is what the ledger must learn of an orphan the batch
+// terminated, or EC2 refused: its record then keeps later sweeps and its
+// state-change events from asking again (before RefusalBackoff, for a
+// refusal).
+func (e *entry) orphanDone() (ledger.Done, bool) {
+	if !e.orphanConfirmed() || e.termErr != nil {
+		return ledger.Done{}, false
+	}
+	d := ledger.Done{Pod: e.ec2.Pod, Settled: true}
+	if e.stored != nil {
+		d.Version = e.stored.Version
+	}
+	switch e.term {
+	case instances.Terminating:
+		d.Terminated = true
+	case instances.Refused:
+		d.Refused = e.refusal
+	default:
+		return ledger.Done{}, false
+	}
+	return d, true
+}
+
+// sendDeferred puts the messages of the deferred entries back on the
+// queue, as they came (an exit claim not yet checked is still to be
+// checked) with their attempt counted, after retryDelay: entries deferred
+// together in one batch come back together. Those the queue does not take
+// fail, and SQS brings them back after the visibility timeout.
+func (b *batchRun) sendDeferred(ctx context.Context) {
+	type key struct {
+		attempt int
+		tokens  bool
+	}
+	groups := map[key][]*entry{}
+	for _, e := range b.entries {
+		if e.later != nil && !e.deadLetter() {
+			k := key{e.attempt + 1, errors.Is(e.later, instances.ErrNoTokens)}
+			groups[k] = append(groups[k], e)
+		}
+	}
+	for k, es := range groups {
+		sent := b.send(ctx, b.Queue, retryDelay(k.attempt, k.tokens), es, func(m *workqueue.Message, e *entry) { m.Attempt = k.attempt })
+		b.sum.Deferred += sent
+		b.Metrics.Count(metrics.WorkItemsDeferred, sent)
+	}
+}
+
+// sendDeadLetters sends the work of the entries on their last attempt to
+// the dead-letter queue, each message with the reason its work could not
+// finish; their instances were terminated without the Pod write
+// (endAfterPod). The alarm on the dead-letter queue's depth tells the
+// operator, who redrives them once the cause is fixed.
+func (b *batchRun) sendDeadLetters(ctx context.Context) {
+	var es []*entry
+	for _, e := range b.entries {
+		if e.deadLetter() {
+			es = append(es, e)
+		}
+	}
+	if len(es) == 0 {
+		return
+	}
+	if b.DeadLetters == nil {
+		for _, e := range es {
+			e.failed = fmt.Errorf("after %d attempts: %w", e.attempt+1, e.later)
+		}
+		return
+	}
+	sent := b.send(ctx, b.DeadLetters, 0, es, func(m *workqueue.Message, e *entry) {
+		m.Attempt, m.Reason = e.attempt+1, e.later.Error()
+	})
+	b.sum.DeadLettered += sent
+	b.Metrics.Count(metrics.WorkDeadLettered, sent)
+	for _, e := range es {
+		if e.failed == nil {
+			b.Log.LogAttrs(ctx, slog.LevelError, "work dead-lettered", slog.String("instance", e.id),
+				slog.Int("attempts", e.attempt+1), slog.String("reason", e.later.Error()), slog.String("terminateResult", string(e.term)))
+		}
+	}
+}
+
+// send sends the messages of entries es to q after delay, each edited by
+// edit, and returns how many entries were sent whole; an entry with a
+// message q did not take fails.
+func (b *batchRun) send(ctx context.Context, q Queue, delay time.Duration, es []*entry, edit func(*workqueue.Message, *entry)) int {
+	var msgs []workqueue.Message
+	for _, e := range es {
+		for _, it := range e.items {
+			m := it.Message
+			edit(&m, e)
+			msgs = append(msgs, m)
+		}
+	}
+	unsent, err := q.Send(ctx, delay, msgs...)
+	notSent := map[string]bool{}
+	for _, m := range unsent {
+		notSent[m.InstanceID] = true
+	}
+	sent := 0
+	for _, e := range es {
+		if notSent[e.id] {
+			e.failed = fmt.Errorf("send to the queue: %w (for: %w)", err, e.later)
+			continue
+		}
+		sent++
+	}
+	if len(unsent) > 0 {
+		b.Log.LogAttrs(ctx, slog.LevelError, "work not sent", slog.Int("messages", len(unsent)), slog.String("error", fmt.Sprint(err)))
+	}
+	return sent
+}
+
+// WakeGrid is the wall-clock step on which wake-ups come back: those of
+// all batches due within one step arrive together, so that in a burst
+// they share a few lookups and terminates instead of costing some each
+// batch. A host that never powers off is terminated at most this much
+// after its grace.
+const WakeGrid = 5 * time.Second
+
+// sendWakeUps has the record of each instance left its power-off grace
+// looked at again just after the grace ends, on the next step of
+// WakeGrid: its instance is then terminated unless EC2 reported it gone
+// by then. The sweep would find it too, up to a sweep later.
+func (b *batchRun) sendWakeUps(ctx context.Context) {
+	byDelay := map[time.Duration][]workqueue.Message{}
+	for _, e := range b.entries {
+		if e.end.At.IsZero() || e.settled() {
+			continue
+		}
+		delay := wakeDelay(b.Now(), e.end.At)
+		byDelay[delay] = append(byDelay[delay], workqueue.Sweep(e.id))
+	}
+	for delay, msgs := range byDelay {
+		if unsent, err := b.Queue.Send(ctx, delay, msgs...); err != nil {
+			// The sweep queues the work once the grace has passed.
+			b.Log.LogAttrs(ctx, slog.LevelWarn, "wake-ups not sent", slog.Int("messages", len(unsent)), slog.String("error", err.Error()))
+		}
+	}
+}
+
+// wakeDelay is the delay, from now, of the wake-up of an instance whose
+// grace ends at: just after it, on the next step of WakeGrid.
+func wakeDelay(now, at time.Time) time.Duration {
+	due := at.Add(time.Second)
+	if step := due.Truncate(WakeGrid); step.Before(due) {
+		due = step.Add(WakeGrid)
+	}
+	// SQS delays are whole seconds: round up, never wake early.
+	return min(max((due.Sub(now)+time.Second-1).Truncate(time.Second), 0), workqueue.MaxDelay)
+}
+
+// sendRechecks sends again, DeferDelay later, the state changes EC2 did
+// not confirm yet (recheck).
+func (b *batchRun) sendRechecks(ctx context.Context) {
+	if len(b.rechecks) == 0 {
+		return
+	}
+	if unsent, err := b.Queue.Send(ctx, DeferDelay, b.rechecks...); err != nil {
+		// The sweep records what EC2 lists as gone: nothing is lost.
+		b.Log.LogAttrs(ctx, slog.LevelWarn, "state changes not sent for a check", slog.Int("messages", len(unsent)), slog.String("error", err.Error()))
+	}
+}
+
+// logEntry logs what became of a reconciled entry, and counts its steps.
+func (b *batchRun) logEntry(ctx context.Context, e *entry) {
+	b.sum.Reconciled++
+	if e.pod.Result == kube.Patched {
+		b.sum.Patched++
+	}
+	if e.term == instances.Terminating {
+		b.sum.Terminated++
+	}
+	b.recordSteps(e)
+	attrs := []slog.Attr{
+		slog.String("instance", e.id),
+		slog.String("pod", e.view.Pod.String()),
+		slog.String("plan", e.plan.Why),
+		slog.String("podResult", string(e.pod.Result)),
+		slog.String("terminateResult", string(e.term)),
+	}
+	level := slog.LevelInfo
+	switch {
+	case e.failed != nil:
+		level = slog.LevelError
+		attrs = append(attrs, slog.String("error", e.failed.Error()))
+	case e.later != nil:
+		// Deferred, not failed: the work comes back.
+		attrs = append(attrs, slog.String("deferred", e.later.Error()), slog.Int("attempt", e.attempt+1))
+	}
+	b.Log.LogAttrs(ctx, level, "reconciled", attrs...)
+}
+
+// recordSteps counts what an entry's steps achieved and, for an exit, how
+// long after the container finished. The outcome counted is the phase the
+// Pod was written with.
+func (b *batchRun) recordSteps(e *entry) {
+	sinceFinish := func() (time.Duration, bool) {
+		if e.view.Exit == nil || e.view.Exit.FinishedAt.IsZero() {
+			return 0, false
+		}
+		return b.Now().Sub(e.view.Exit.FinishedAt), true
+	}
+	if e.pod.Result == kube.Patched {
+		b.Metrics.By(metrics.Outcome(outcomeName(e.pod.Phase, e.plan.Pod))).Count(metrics.PodStatusesWritten, 1)
+		if d, ok := sinceFinish(); ok && e.plan.Pod.Terminal() {
+			b.Metrics.Observe(metrics.FinishToPodTerminal, d)
+		}
+	}
+	if e.term == instances.Terminating {
+		b.Metrics.Count(metrics.InstancesTerminated, 1)
+		if d, ok := sinceFinish(); ok {
+			b.Metrics.Observe(metrics.FinishToTerminated, d)
+		}
+	}
+}
+
+// outcomeName is the value of the Outcome dimension for a Pod written in
+// phase with outcome o: the status written decides, so an OOM kill with
+// exit code 0, or a Pod another of whose containers failed, counts as
+// failed.
+func outcomeName(phase corev1.PodPhase, o *model.Outcome) string {
+	switch {
+	case phase == corev1.PodSucceeded:
+		return metrics.OutcomeSucceeded
+	case phase != corev1.PodFailed:
+		return metrics.OutcomeRestart
+	case o.Exit == nil:
+		return metrics.OutcomeLost
+	}
+	return metrics.OutcomeFailed
+}

@@ -1,0 +1,122 @@
+package reaper
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/model"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
+)
+
+// decide is the batch's decide phase: one Plan per believed record, and
+// whether each orphan message's instance is still a candidate
+// (mayBeOrphan). Nothing after it decides again.
+func (b *batchRun) decide() {
+	now := b.Now()
+	for _, e := range b.live() {
+		if e.view != nil {
+			e.plan = Decide(*e.view, e.ec2, now, b.Policy)
+		}
+		isOrphan := func(it workqueue.Item) bool { return it.Kind == workqueue.KindOrphan }
+		e.orphan = e.ec2 != nil && slices.ContainsFunc(e.items, isOrphan) && mayBeOrphan(*e.ec2, e.stored, now)
+	}
+}
+
+// writePods is the batch's Pod phase: it reads the Pods of the planned
+// writes and of the orphan candidates, in LIST pages (the reads may take
+// half the phase's time: a slow apiserver then still leaves the other half
+// to write those that were read), then writes each outcome. A write the
+// phase had no time for keeps errNoTime: its record comes back, and its
+// instance is not terminated before its Pod tells its exit (endAfterPod).
+func (b *batchRun) writePods(ctx context.Context) {
+	var writes []*entry
+	var refs []model.PodRef
+	for _, e := range b.live() {
+		if e.view != nil && e.plan.Pod != nil {
+			writes = append(writes, e)
+			if e.view.Pod.UID == "" {
+				e.podErr = fmt.Errorf("instance %s: no Pod known for it (no exit line and no pod tags)", e.id)
+				continue
+			}
+			e.podErr = errNoTime // until it is written
+			refs = append(refs, e.view.Pod)
+		}
+	}
+	orphans := b.sameClusterOrphans(ctx)
+	for _, e := range orphans {
+		refs = append(refs, e.ec2.Pod)
+	}
+	if len(refs) == 0 {
+		return
+	}
+	readCtx, cancelRead := until(ctx, halfway(b.p.work))
+	snaps, readErr := b.Pods.ReadMany(readCtx, refs)
+	readErr = outOfTime(readCtx, readErr)
+	cancelRead()
+	for _, e := range orphans {
+		if snap, ok := snaps[e.ec2.Pod]; ok {
+			e.snap = &snap
+		} else {
+			e.conclude(fmt.Errorf("read pod %s: %w", e.ec2.Pod, readErr))
+		}
+	}
+	var g errgroup.Group
+	g.SetLimit(podWorkers)
+	for _, e := range writes {
+		snap, read := snaps[e.view.Pod]
+		switch {
+		case e.view.Pod.UID == "":
+		case !read:
+			e.podErr = fmt.Errorf("read pod %s: %w", e.view.Pod, readErr)
+		case ctx.Err() == nil:
+			e.snap = &snap
+			g.Go(func() error {
+				e.pod, e.podErr = b.Pods.ApplyTo(ctx, snap, *e.plan.Pod)
+				e.podErr = outOfTime(ctx, e.podErr)
+				return nil
+			})
+		}
+	}
+	_ = g.Wait()
+}
+
+// sameClusterOrphans are the orphan candidates launched for the cluster
+// Reaper reaches (sameCluster); those of another identity are dropped,
+// counted, and without the identity every candidate's work fails.
+func (b *batchRun) sameClusterOrphans(ctx context.Context) []*entry {
+	var candidates []*entry
+	var insts []instances.Instance
+	for _, e := range b.live() {
+		if e.orphan {
+			candidates = append(candidates, e)
+			insts = append(insts, *e.ec2)
+		}
+	}
+	if len(candidates) == 0 {
+		return nil
+	}
+	same, _, err := b.sameCluster(ctx, insts)
+	if err != nil {
+		for _, e := range candidates {
+			e.conclude(outOfTime(ctx, err))
+		}
+		return nil
+	}
+	keep := make(map[string]bool, len(same))
+	for _, inst := range same {
+		keep[inst.ID] = true
+	}
+	var out []*entry
+	for _, e := range candidates {
+		if keep[e.id] {
+			out = append(out, e)
+		} else {
+			e.orphan = false
+		}
+	}
+	return out
+}
