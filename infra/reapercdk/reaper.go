@@ -343,10 +343,12 @@ func (r *Reaper) workQueue() {
 // onlyFunctionsSendWork keeps forged work off the queues: whatever IAM
 // grants elsewhere (an administrator's sqs:*, another team's role), the
 // work queue accepts messages only from the roles of the functions that
-// produce work, and the dead-letter queue accepts none. An explicit Deny in
-// the queue policy overrides any Allow in the sender's own policies. SQS
-// moves the work queue's failed messages to the dead-letter queue itself,
-// without a SendMessage, and no function sends there. Only the send action
+// produce work, and the dead-letter queue only from the reconciler's. An
+// explicit Deny in the queue policy overrides any Allow in the sender's own
+// policies. SQS moves the work queue's failed messages to the dead-letter
+// queue itself, without a SendMessage; the reconciler sends there, with
+// its reason, the work it could not finish in workqueue.MaxAttempts
+// batches. Only the send action
 // is denied, which also covers SendMessageBatch: administrators still read,
 // purge and reconfigure both queues, this policy included.
 //
@@ -355,10 +357,13 @@ func (r *Reaper) workQueue() {
 // claim in the dead-letter queue is the only record of its exit, so
 // redriving it is how that exit still reaches its Pod.
 func (r *Reaper) onlyFunctionsSendWork(redrivers []string) {
-	var producers []*string
+	var producers, consumers []*string
 	for i, fn := range r.Functions() {
 		if functions[i].produces {
 			producers = append(producers, fn.Role().RoleArn())
+		}
+		if functions[i].consumes {
+			consumers = append(consumers, fn.Role().RoleArn())
 		}
 	}
 	producers = append(producers, *jsii.Strings(redrivers...)...)
@@ -376,7 +381,7 @@ func (r *Reaper) onlyFunctionsSendWork(redrivers []string) {
 	// principal, a service or an anonymous caller included, matches
 	// ArnNotEquals (a negated operator also matches a missing key).
 	deny("SendOnlyFromReaperFunctions", r.WorkQueue, &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": producers}})
-	deny("NoSends", r.DeadLetterQueue, nil)
+	deny("SendOnlyFromReconciler", r.DeadLetterQueue, &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": consumers}})
 }
 
 // onlyTriggersInvoke adds the stack's account to every permission that
@@ -425,6 +430,7 @@ func (r *Reaper) environment(spec function) map[string]*string {
 		env["REAPER_KUBECONFIG_SECRET"] = jsii.String(p.KubeconfigSecretArn)
 	}
 	if spec.consumes {
+		env["REAPER_DEAD_LETTER_QUEUE_URL"] = r.DeadLetterQueue.QueueUrl()
 		// Each execution environment paces itself at share/concurrency
 		// of each EC2 token bucket: together they spend at most share.
 		env["REAPER_EC2_SHARE"] = jsii.String(strconv.FormatFloat(p.EC2Share, 'g', -1, 64))
@@ -595,6 +601,9 @@ func (r *Reaper) statements(stack awscdk.Stack, spec function, logs awslogs.LogG
 	}
 	if spec.produces {
 		out = append(out, st("SendWork", produceActions, r.WorkQueue.QueueArn()))
+	}
+	if spec.consumes {
+		out = append(out, st("SendDeadLetters", produceActions, r.DeadLetterQueue.QueueArn()))
 	}
 	if len(p.SubnetIDs) > 0 {
 		// What AWSLambdaVPCAccessExecutionRole grants but its logs:* on

@@ -149,6 +149,7 @@ func TestFunctions(t *testing.T) {
 	}
 	tableID, _ := cdktest.Only(t, m, "AWS::DynamoDB::Table")
 	workID, _ := queue(t, m, "Work")
+	dlqID, _ := queue(t, m, "WorkDeadLetters")
 	for id, timeout := range map[string]float64{"ExitRecorder": 60, "StateChange": 60, "Sweeper": 300, "Reconciler": 300} {
 		// The reconciler has two vCPUs for a burst's writes; the others
 		// make a call or two an event.
@@ -173,6 +174,7 @@ func TestFunctions(t *testing.T) {
 			env["REAPER_EKS_CLUSTER"] = "demo"
 		}
 		if id == "Reconciler" {
+			env["REAPER_DEAD_LETTER_QUEUE_URL"] = map[string]any{"Ref": dlqID}
 			env["REAPER_EC2_SHARE"] = "0.5"
 			env["REAPER_RECONCILER_CONCURRENCY"] = "2"
 		}
@@ -329,8 +331,9 @@ func TestWorkQueue(t *testing.T) {
 	// Both refuse plain HTTP. The work queue takes messages only from the
 	// functions' roles, whoever else IAM lets send: a forged work item
 	// would have the reconciler act on it. The dead-letter queue takes
-	// none: SQS moves the work queue's failed messages itself, and no
-	// function sends there. Only sending is denied, so administrators
+	// only the reconciler's: SQS moves the work queue's failed messages
+	// itself, and the reconciler sends there the work it could not finish
+	// in workqueue.MaxAttempts batches. Only sending is denied, so administrators
 	// still manage, read and purge both.
 	tls := func(id string) map[string]any {
 		return map[string]any{
@@ -350,8 +353,9 @@ func TestWorkQueue(t *testing.T) {
 			"Resource":  getAtt(workID, "Arn"),
 		},
 		dlqID: {
-			"Sid": "NoSends", "Effect": "Deny", "Action": "sqs:SendMessage", "Principal": "*",
-			"Resource": getAtt(dlqID, "Arn"),
+			"Sid": "SendOnlyFromReconciler", "Effect": "Deny", "Action": "sqs:SendMessage", "Principal": "*",
+			"Condition": map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": []any{getAtt(roleOf(t, m, "Reconciler"), "Arn")}}},
+			"Resource":  getAtt(dlqID, "Arn"),
 		},
 	} {
 		has(t, tmpl, "AWS::SQS::QueuePolicy", map[string]any{
@@ -792,7 +796,9 @@ func compact(v any) string {
 // code uses them, ec2:TerminateInstances for the reconciler alone,
 // Kubernetes for the sweeper and the reconciler, sqs:SendMessage and
 // nothing else on the work queue for the producers, the consumer rights
-// for the reconciler, and the failure queue for the functions invoked
+// for the reconciler and sqs:SendMessage on the work dead-letter queue,
+// where it sends the work it could not finish, and the failure queue for
+// the functions invoked
 // asynchronously by events (not the sweeper, whose failed runs the next
 // one replaces).
 func TestFunctionPermissions(t *testing.T) {
@@ -800,6 +806,7 @@ func TestFunctionPermissions(t *testing.T) {
 	tableID, _ := cdktest.Only(t, m, "AWS::DynamoDB::Table")
 	workID, _ := queue(t, m, "Work")
 	failuresID, _ := queue(t, m, "Failures")
+	deadLettersID, _ := queue(t, m, "WorkDeadLetters")
 	var (
 		batch    = []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:UpdateItem"}
 		produce  = []string{"sqs:SendMessage"}
@@ -815,7 +822,7 @@ func TestFunctionPermissions(t *testing.T) {
 		"Sweeper": {"logs": logs, "table": batch, "index": {"dynamodb:Query"}, "*": {"ec2:DescribeInstances"},
 			"cluster": {"eks:DescribeCluster"}, "work": produce},
 		"Reconciler": {"logs": logs, "table": batch, "*": {"ec2:DescribeInstances"}, "instance": {"ec2:TerminateInstances"},
-			"cluster": {"eks:DescribeCluster"}, "work": consume},
+			"cluster": {"eks:DescribeCluster"}, "work": consume, "dead letters": produce},
 	} {
 		roleID := roleOf(t, m, id)
 		role := cdktest.Resources(m, "AWS::IAM::Role")[roleID]
@@ -841,6 +848,8 @@ func TestFunctionPermissions(t *testing.T) {
 				on = "work"
 			case resource == compact(getAtt(failuresID, "Arn")):
 				on = "failures"
+			case resource == compact(getAtt(deadLettersID, "Arn")):
+				on = "dead letters"
 			case strings.Contains(resource, `:instance/*`):
 				on = "instance"
 				if compact(s["Condition"]) != `{"StringEquals":{"aws:ResourceTag/reaper.io/cluster":"demo","aws:ResourceTag/reaper.io/managed":"true"}}` {

@@ -55,6 +55,10 @@ type Config struct {
 	MetricsNamespace string
 	// QueueURL is the work queue (REAPER_QUEUE_URL, required).
 	QueueURL string
+	// DeadLetterURL is the work queue's dead-letter queue
+	// (REAPER_DEAD_LETTER_QUEUE_URL), where the reconciler sends work it
+	// could not finish.
+	DeadLetterURL string
 	// EC2Budget is the account's EC2 token buckets (REAPER_EC2_LIMITS,
 	// "describe=100/20,terminate=100/5,terminate-instances=1000/20" to
 	// override the published defaults for an account with raised limits).
@@ -111,6 +115,7 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		Cluster:          getenv("REAPER_CLUSTER"),
 		MetricsNamespace: lookup(getenv, metrics.NamespaceEnv),
 		QueueURL:         getenv("REAPER_QUEUE_URL"),
+		DeadLetterURL:    getenv("REAPER_DEAD_LETTER_QUEUE_URL"),
 		Kube: KubeAccess{
 			EKSCluster:       getenv("REAPER_EKS_CLUSTER"),
 			KubeconfigSecret: getenv("REAPER_KUBECONFIG_SECRET"),

@@ -39,6 +39,8 @@ var Vars = []Var{
 		Doc: "The cluster this deployment serves: Reaper acts only on instances tagged `<REAPER_TAG_MANAGED>=true` and `<REAPER_TAG_CLUSTER>=<REAPER_CLUSTER>`. The construct sets it: the EKS cluster's name, or `clusterName`."},
 	{Name: "REAPER_QUEUE_URL", Required: requiredByAll,
 		Doc: "The work queue: the exitrecorder, statechange and the sweeper send work to it, the reconciler its deferred work."},
+	{Name: "REAPER_DEAD_LETTER_QUEUE_URL",
+		Doc: "The work queue's dead-letter queue: the reconciler sends there, with the reason, the work it could not finish in `workqueue.MaxAttempts` batches. The construct sets it. Unset: such work is returned as a batch item failure, and the queue's redrive policy moves it there after `maxReceiveCount` receives."},
 	{Name: "REAPER_TABLE", Required: requiredByKube,
 		Doc: "The ledger table's name."},
 	{Name: "REAPER_EKS_CLUSTER", Required: oneOfKube,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"k8s.io/client-go/rest"
 
 	"github.com/reaper-k8s/reaper/pkg/app"
@@ -20,6 +21,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/reaper"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
 // Clients are the outside systems' clients a Reaper is wired to. New builds
@@ -32,6 +34,9 @@ type Clients struct {
 	// Kube is the apiserver's REST configuration (default: how
 	// Config.Kube says to reach it).
 	Kube *rest.Config
+	// DeadLetters is the work queue's dead-letter queue (default: the
+	// queue at Config.DeadLetterURL, when set).
+	DeadLetters reaper.Queue
 }
 
 // Policy is the decision policy a configuration sets.
@@ -44,12 +49,16 @@ func Policy(cfg config.Config) reaper.Policy {
 func New(ctx context.Context, s app.Setup, c Clients) (*reaper.Reaper, error) {
 	cfg := s.Config
 	c.Clients = c.Clients.WithDefaults(s)
+	if c.DeadLetters == nil && cfg.DeadLetterURL != "" {
+		c.DeadLetters = workqueue.New(sqs.NewFromConfig(s.AWS), cfg.DeadLetterURL)
+	}
 	r := &reaper.Reaper{
-		Queue:   c.Queue,
-		Policy:  Policy(cfg),
-		Log:     s.Log,
-		Metrics: s.Metrics(),
-		Now:     s.Now,
+		Queue:       c.Queue,
+		DeadLetters: c.DeadLetters,
+		Policy:      Policy(cfg),
+		Log:         s.Log,
+		Metrics:     s.Metrics(),
+		Now:         s.Now,
 	}
 	if c.DynamoDB == nil {
 		c.DynamoDB = dynamodb.NewFromConfig(s.AWS)
