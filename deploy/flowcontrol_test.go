@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -16,18 +17,15 @@ import (
 	"github.com/reaper-k8s/reaper/internal/labstack"
 )
 
-// TestFlowControl applies rbac.yaml and flowcontrol.yaml to a real
-// kube-apiserver and checks that the requests of each identity rbac.yaml
-// binds, the ones Reaper makes (read Pods, patch a Pod's status, read the
+// TestFlowControl applies the chart with its default values to a real
+// kube-apiserver and checks that the requests of each identity it binds, the ones Reaper makes (read Pods, patch a Pod's status, read the
 // cluster's identity), are classified into Reaper's FlowSchema and priority
 // level: the apiserver names both in every response's headers.
 func TestFlowControl(t *testing.T) {
 	ctx := t.Context()
 	stack := labstack.MustStart(t, labstack.Options{Parts: labstack.Kube})
 	admin := stack.Kube
-	for _, obj := range append(decodeFile(t, "rbac.yaml"), decodeFile(t, "flowcontrol.yaml")...) {
-		create(t, admin, obj)
-	}
+	applyChart(t, admin, nil)
 	schema, err := admin.FlowcontrolV1().FlowSchemas().Get(ctx, "reaper", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -36,12 +34,12 @@ func TestFlowControl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod := runningPod(t, admin, "flow", virtualNode, nil)
+	pod := newPod(t, admin, "flow", fixture{node: virtualNode, phase: corev1.PodRunning})
 	patch := []byte(fmt.Sprintf(`{"metadata":{"uid":%q},"status":{"message":"classified"}}`, pod.UID))
 
 	for name, config := range map[string]*rest.Config{
 		"group reaper":                        stack.ReaperRESTConfig(),
-		"system:serviceaccount:reaper:reaper": serviceAccountConfig(t, stack, reaperNamespace, "reaper"),
+		"system:serviceaccount:reaper:reaper": serviceAccountConfig(t, stack, "reaper", "reaper"),
 	} {
 		t.Run(name, func(t *testing.T) {
 			client, err := rest.HTTPClientFor(config)
