@@ -125,26 +125,27 @@ type entry struct {
 	termErr error
 	markErr error
 
-	// The batch's verdict: nil is done; later is deferred (for want of
+	// The batch's verdict: both nil is done; deferred is why the work
+	// goes back on the queue (for want of
 	// time or tokens); failed comes back as a batch item failure.
-	later, failed error
+	deferred, failed error
 }
 
-// settled says whether the entry's work is decided for this batch: failed
+// stopped says whether the entry's work in this batch has stopped: failed
 // or deferred.
-func (e *entry) settled() bool { return e.later != nil || e.failed != nil }
+func (e *entry) stopped() bool { return e.deferred != nil || e.failed != nil }
 
 // conclude sorts the error of the entry's work: none, for later, or a
 // failure. A failure wins over a deferral.
 func (e *entry) conclude(err error) {
 	switch {
 	case err == nil:
-	case forLater(err):
+	case deferrable(err):
 		if e.failed == nil {
-			e.later = err
+			e.deferred = err
 		}
 	default:
-		e.failed, e.later = err, nil
+		e.failed, e.deferred = err, nil
 	}
 }
 
@@ -224,7 +225,7 @@ func (b *batchRun) count(f func(*BatchSummary)) {
 func (b *batchRun) live() []*entry {
 	var out []*entry
 	for _, e := range b.entries {
-		if !e.settled() {
+		if !e.stopped() {
 			out = append(out, e)
 		}
 	}

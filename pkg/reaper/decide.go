@@ -113,7 +113,7 @@ func Decide(rec ledger.Record, ec2 *instances.Instance, now time.Time, p Policy)
 		seen = ec2.DescribedAt
 	}
 	if r := rec.TerminateRefused; r != nil && now.Before(r.At.Add(RefusalBackoff)) {
-		plan.WaitUntil, plan.Why = later(plan.WaitUntil, r.At.Add(RefusalBackoff)), "terminate refused: "+r.Code
+		plan.WaitUntil, plan.Why = laterOf(plan.WaitUntil, r.At.Add(RefusalBackoff)), "terminate refused: "+r.Code
 		return plan
 	}
 	plan.EndUnwritten = endAfterGrace(graceEnd(rec, rec.PodSyncedAt, p), rec, seen, p)
@@ -124,9 +124,9 @@ func Decide(rec ledger.Record, ec2 *instances.Instance, now time.Time, p Policy)
 		plan.End = endAfterGrace(graceEnd(rec, now, p), rec, seen, p)
 	}
 	if !plan.End.At.IsZero() {
-		plan.WaitUntil = later(plan.WaitUntil, plan.End.At)
+		plan.WaitUntil = laterOf(plan.WaitUntil, plan.End.At)
 	}
-	plan.DueSince = later(plan.DueSince, terminateDue(rec, p))
+	plan.DueSince = laterOf(plan.DueSince, terminateDue(rec, p))
 	return plan
 }
 
@@ -156,7 +156,7 @@ func graceEnd(rec ledger.Record, written time.Time, p Policy) time.Time {
 	}
 	from := rec.Exit.FinishedAt
 	if p.PodWrittenTag != "" {
-		from = later(from, written)
+		from = laterOf(from, written)
 	}
 	return from.Add(p.PowerOffGrace)
 }
@@ -165,15 +165,15 @@ func graceEnd(rec ledger.Record, written time.Time, p Policy) time.Time {
 func terminateDue(rec ledger.Record, p Policy) time.Time {
 	due := graceEnd(rec, rec.PodSyncedAt, p)
 	if rec.Gone != nil {
-		due = later(due, rec.Gone.At)
+		due = laterOf(due, rec.Gone.At)
 	}
 	if rec.TerminateRefused != nil {
-		due = later(due, rec.TerminateRefused.At.Add(RefusalBackoff))
+		due = laterOf(due, rec.TerminateRefused.At.Add(RefusalBackoff))
 	}
 	return due
 }
 
-func later(a, b time.Time) time.Time {
+func laterOf(a, b time.Time) time.Time {
 	if b.After(a) {
 		return b
 	}

@@ -111,9 +111,9 @@ func outOfTime(ctx context.Context, err error) error {
 	return err
 }
 
-// forLater says whether err ended work for want of time or of EC2 tokens:
+// deferrable says whether err ended work for want of time or of EC2 tokens:
 // the work is deferred, not failed.
-func forLater(err error) bool {
+func deferrable(err error) bool {
 	return errors.Is(err, errNoTime) || errors.Is(err, instances.ErrNoTokens) || errors.Is(err, context.DeadlineExceeded)
 }
 

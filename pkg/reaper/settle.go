@@ -51,7 +51,7 @@ func (b *batchRun) settle(ctx context.Context) {
 
 // deadLetter says whether the entry's work goes to the dead-letter queue:
 // deferred on its last attempt.
-func (e *entry) deadLetter() bool { return e.failed == nil && e.later != nil && e.lastAttempt() }
+func (e *entry) deadLetter() bool { return e.failed == nil && e.deferred != nil && e.lastAttempt() }
 
 // mark writes, in parallel, what the ledger must learn of each entry
 // (entry.done), and the marks of the orphans terminated. A mark the batch
@@ -144,8 +144,8 @@ func (b *batchRun) sendDeferred(ctx context.Context) {
 	}
 	groups := map[key][]*entry{}
 	for _, e := range b.entries {
-		if e.later != nil && !e.deadLetter() {
-			k := key{e.attempt + 1, errors.Is(e.later, instances.ErrNoTokens)}
+		if e.deferred != nil && !e.deadLetter() {
+			k := key{e.attempt + 1, errors.Is(e.deferred, instances.ErrNoTokens)}
 			groups[k] = append(groups[k], e)
 		}
 	}
@@ -173,19 +173,19 @@ func (b *batchRun) sendDeadLetters(ctx context.Context) {
 	}
 	if b.DeadLetters == nil {
 		for _, e := range es {
-			e.failed = fmt.Errorf("after %d attempts: %w", e.attempt+1, e.later)
+			e.failed = fmt.Errorf("after %d attempts: %w", e.attempt+1, e.deferred)
 		}
 		return
 	}
 	sent := b.send(ctx, b.DeadLetters, 0, es, func(m *workqueue.Message, e *entry) {
-		m.Attempt, m.Reason = e.attempt+1, e.later.Error()
+		m.Attempt, m.Reason = e.attempt+1, e.deferred.Error()
 	})
 	b.sum.DeadLettered += sent
 	b.Metrics.Count(metrics.WorkDeadLettered, sent)
 	for _, e := range es {
 		if e.failed == nil {
 			b.Log.LogAttrs(ctx, slog.LevelError, "work dead-lettered", slog.String("instance", e.id),
-				slog.Int("attempts", e.attempt+1), slog.String("reason", e.later.Error()), slog.String("terminateResult", string(e.term)))
+				slog.Int("attempts", e.attempt+1), slog.String("reason", e.deferred.Error()), slog.String("terminateResult", string(e.term)))
 		}
 	}
 }
@@ -210,7 +210,7 @@ func (b *batchRun) send(ctx context.Context, q Queue, delay time.Duration, es []
 	sent := 0
 	for _, e := range es {
 		if notSent[e.id] {
-			e.failed = fmt.Errorf("send to the queue: %w (for: %w)", err, e.later)
+			e.failed = fmt.Errorf("send to the queue: %w (for: %w)", err, e.deferred)
 			continue
 		}
 		sent++
@@ -235,7 +235,7 @@ const WakeGrid = 5 * time.Second
 func (b *batchRun) sendWakeUps(ctx context.Context) {
 	byDelay := map[time.Duration][]workqueue.Message{}
 	for _, e := range b.entries {
-		if e.end.At.IsZero() || e.settled() {
+		if e.end.At.IsZero() || e.stopped() {
 			continue
 		}
 		delay := wakeDelay(b.Now(), e.end.At)
@@ -294,9 +294,9 @@ func (b *batchRun) logEntry(ctx context.Context, e *entry) {
 	case e.failed != nil:
 		level = slog.LevelError
 		attrs = append(attrs, slog.String("error", e.failed.Error()))
-	case e.later != nil:
+	case e.deferred != nil:
 		// Deferred, not failed: the work comes back.
-		attrs = append(attrs, slog.String("deferred", e.later.Error()), slog.Int("attempt", e.attempt+1))
+		attrs = append(attrs, slog.String("deferred", e.deferred.Error()), slog.Int("attempt", e.attempt+1))
 	}
 	b.Log.LogAttrs(ctx, level, "reconciled", attrs...)
 }

@@ -30,7 +30,7 @@ func (e *entry) endAfterPod() End {
 		return End{}
 	case e.plan.Pod == nil || e.podErr == nil:
 		return e.plan.End
-	case !forLater(e.podErr) || e.lastAttempt():
+	case !deferrable(e.podErr) || e.lastAttempt():
 		return e.plan.EndUnwritten
 	}
 	return End{}
