@@ -264,7 +264,7 @@ func NewLabWith(ctx context.Context, stack *labstack.Stack, table string, bootst
 	if l.QueueURL, l.DeadLetterURL, err = createQueues(ctx, q, table+"-work", opts); err != nil {
 		return nil, err
 	}
-	l.Env = append(append(stack.Env(), "REAPER_TABLE="+table, "REAPER_QUEUE_URL="+l.QueueURL,
+	l.Env = append(append(stack.Env(), "REAPER_TABLE="+table, "REAPER_QUEUE_URL="+l.QueueURL, "REAPER_DEAD_LETTER_QUEUE_URL="+l.DeadLetterURL,
 		fmt.Sprintf("REAPER_RECONCILER_CONCURRENCY=%d", opts.MaxConcurrency)), opts.Env...)
 	for name, bin := range bootstraps {
 		n := 1

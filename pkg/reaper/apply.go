@@ -116,6 +116,13 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 	if sc == nil {
 		return false, nil
 	}
+	if *rec != nil && endedByReaper(**rec) {
+		// The gone state is what Reaper's own terminate made true, and
+		// the record is settled: nothing to record. In a burst these are
+		// the two state changes EC2 sends for every instance Reaper
+		// terminated.
+		return false, nil
+	}
 	if *rec != nil {
 		next, applies := ledger.WithState(**rec, e.id, e.podTags(), *sc, b.Now())
 		if !applies {
@@ -125,10 +132,9 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 			return sc.Gone() && (*rec).Pending != "", nil
 		}
 		if (*rec).Pending == "" && !(*rec).Unverified && Decide(next, e.ec2, b.Now(), b.Policy).Idle() {
-			// In a burst, the two EC2 sends for every instance Reaper
-			// terminated: one write keeps the record off the pending
-			// index, where setting and clearing it took two, and there is
-			// nothing to reconcile.
+			// One write keeps the record off the pending index, where
+			// setting and clearing it took two, and there is nothing to
+			// reconcile.
 			sc.AddsNoWork = true
 		}
 	}
@@ -138,6 +144,14 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 	}
 	*rec = &next
 	return sc.Gone() && !sc.AddsNoWork, nil
+}
+
+// endedByReaper says whether rec is settled by Reaper's own steps: its
+// terminal exit, checked when it was recorded, written to its Pod, and its
+// instance terminated.
+func endedByReaper(rec ledger.Record) bool {
+	return rec.Pending == "" && !rec.Unverified && rec.Exit != nil && rec.Exit.Terminal() &&
+		rec.PodSynced == (model.Outcome{Exit: rec.Exit}).Key() && !rec.Terminated.IsZero()
 }
 
 // podTags is the Pod the instance's tags name, as far as EC2 described it.

@@ -126,8 +126,8 @@ type entry struct {
 	markErr error
 
 	// The batch's verdict: both nil is done; deferred is why the work
-	// goes back on the queue (for want of
-	// time or tokens); failed comes back as a batch item failure.
+	// goes back on the queue (for want of time or tokens); failed comes
+	// back as a batch item failure.
 	deferred, failed error
 }
 

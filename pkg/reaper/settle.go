@@ -150,7 +150,7 @@ func (b *batchRun) sendDeferred(ctx context.Context) {
 		}
 	}
 	for k, es := range groups {
-		sent := b.send(ctx, b.Queue, retryDelay(k.attempt, k.tokens), es, func(m *workqueue.Message, e *entry) { m.Attempt = k.attempt })
+		sent := b.send(ctx, b.Queue, retryDelay(k.attempt, k.tokens), es, (*entry).carried, func(m *workqueue.Message, e *entry) { m.Attempt = k.attempt })
 		b.sum.Deferred += sent
 		b.Metrics.Count(metrics.WorkItemsDeferred, sent)
 	}
@@ -177,7 +177,9 @@ func (b *batchRun) sendDeadLetters(ctx context.Context) {
 		}
 		return
 	}
-	sent := b.send(ctx, b.DeadLetters, 0, es, func(m *workqueue.Message, e *entry) {
+	// The messages as they came: an operator reads the claims themselves,
+	// and a redrive records them again, which changes nothing recorded.
+	sent := b.send(ctx, b.DeadLetters, 0, es, (*entry).received, func(m *workqueue.Message, e *entry) {
 		m.Attempt, m.Reason = e.attempt+1, e.deferred.Error()
 	})
 	b.sum.DeadLettered += sent
@@ -190,14 +192,13 @@ func (b *batchRun) sendDeadLetters(ctx context.Context) {
 	}
 }
 
-// send sends the messages of entries es to q after delay, each edited by
-// edit, and returns how many entries were sent whole; an entry with a
-// message q did not take fails.
-func (b *batchRun) send(ctx context.Context, q Queue, delay time.Duration, es []*entry, edit func(*workqueue.Message, *entry)) int {
+// send sends the messages of entries es (msgsOf each) to q after delay,
+// each edited by edit, and returns how many entries were sent whole; an
+// entry with a message q did not take fails.
+func (b *batchRun) send(ctx context.Context, q Queue, delay time.Duration, es []*entry, msgsOf func(*entry) []workqueue.Message, edit func(*workqueue.Message, *entry)) int {
 	var msgs []workqueue.Message
 	for _, e := range es {
-		for _, it := range e.items {
-			m := it.Message
+		for _, m := range msgsOf(e) {
 			edit(&m, e)
 			msgs = append(msgs, m)
 		}
@@ -219,6 +220,34 @@ func (b *batchRun) send(ctx context.Context, q Queue, delay time.Duration, es []
 		b.Log.LogAttrs(ctx, slog.LevelError, "work not sent", slog.Int("messages", len(unsent)), slog.String("error", fmt.Sprint(err)))
 	}
 	return sent
+}
+
+// carried are the messages that carry an entry's work to its next try.
+// A record the batch believed holds what its messages said (the exit
+// claims checked and recorded, the state changes recorded): one sweep
+// message carries it, so the next try neither records nor sends them
+// again. Orphan messages ask for their own check, and the messages of an
+// entry that got no further go as they came.
+func (e *entry) carried() []workqueue.Message {
+	if e.view == nil {
+		return e.received()
+	}
+	msgs := []workqueue.Message{workqueue.Sweep(e.id)}
+	for _, it := range e.items {
+		if it.Kind == workqueue.KindOrphan {
+			msgs = append(msgs, it.Message)
+		}
+	}
+	return msgs
+}
+
+// received are the entry's messages as they came.
+func (e *entry) received() []workqueue.Message {
+	msgs := make([]workqueue.Message, len(e.items))
+	for i, it := range e.items {
+		msgs[i] = it.Message
+	}
+	return msgs
 }
 
 // WakeGrid is the wall-clock step on which wake-ups come back: those of
