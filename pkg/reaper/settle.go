@@ -179,8 +179,10 @@ func (b *batchRun) sendDeadLetters(ctx context.Context) {
 	}
 	// The messages as they came: an operator reads the claims themselves,
 	// and a redrive records them again, which changes nothing recorded.
+	// A redrive gives the work its attempts anew: the count goes into the
+	// reason.
 	sent := b.send(ctx, b.DeadLetters, 0, es, (*entry).received, func(m *workqueue.Message, e *entry) {
-		m.Attempt, m.Reason = e.attempt+1, e.deferred.Error()
+		m.Attempt, m.Reason = 0, fmt.Sprintf("not finished in %d attempts: %v", e.attempt+1, e.deferred)
 	})
 	b.sum.DeadLettered += sent
 	b.Metrics.Count(metrics.WorkDeadLettered, sent)
