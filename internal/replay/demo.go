@@ -119,8 +119,8 @@ func (l *Lab) windowEnd(ctx context.Context, sc *Scenario, exitWait time.Duratio
 	}
 	var end time.Time
 	for _, rec := range recs.Found {
-		if rec.Gone != nil && rec.Gone.At.Add(exitWait).After(end) {
-			end = rec.Gone.At.Add(exitWait)
+		if rec.Gone != nil && rec.GoneSince().Add(exitWait).After(end) {
+			end = rec.GoneSince().Add(exitWait)
 		}
 	}
 	return end, nil

@@ -75,6 +75,10 @@ type Record struct {
 	// Gone is the newest state seen in which the instance no longer runs its
 	// Pod (stopping, stopped, shutting-down, terminated). It stays set.
 	Gone *model.Gone `dynamodbav:"gone,omitempty" json:"gone,omitempty"`
+	// GoneSeenAt is when Reaper first recorded the instance gone, on its
+	// own clock: an event delivered hours after the time it carries does
+	// not date the exit-wait window in the past (GoneSince).
+	GoneSeenAt time.Time `dynamodbav:"goneSeenAt,omitempty" json:"goneSeenAt,omitempty"`
 	// LastState and LastStateAt are the newest EC2 state seen, for latency
 	// figures and so older events never overwrite newer ones.
 	LastState     string    `dynamodbav:"lastState,omitempty" json:"lastState,omitempty"`
@@ -105,6 +109,19 @@ type Record struct {
 	// Pending never hides work recorded in between.
 	Version   int64 `dynamodbav:"version" json:"version"`
 	ExpiresAt int64 `dynamodbav:"expiresAt" json:"expiresAt,omitempty"`
+}
+
+// GoneSince is when the exit-wait window of a gone instance starts: the
+// later of the time its gone state carries and when Reaper first recorded
+// it gone. Zero when it is not gone.
+func (r Record) GoneSince() time.Time {
+	if r.Gone == nil {
+		return time.Time{}
+	}
+	if r.GoneSeenAt.After(r.Gone.At) {
+		return r.GoneSeenAt
+	}
+	return r.Gone.At
 }
 
 // Table is the DynamoDB-backed ledger.
@@ -144,9 +161,10 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 
 // RecordExit stores a checked exit (its Pod agrees with the instance's
 // launch tags) unless the ledger already holds a later one (higher restart
-// count), and returns the record as it stands afterwards. Writing the same
-// exit again is harmless, so a redelivered exit costs one write, like a new
-// one.
+// count) or a terminal exit of the same Pod: the first terminal exit is
+// final, so a host cannot replace it (nor move its receipt, from which the
+// power-off grace runs) by sending lines again. It returns the record as
+// it stands afterwards.
 //
 // An exit that older versions recorded unverified for another Pod is
 // replaced whatever its restart count: it came from a line the tags do not
@@ -155,10 +173,12 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit) (Record, error) {
 	now := t.now().UTC()
 	exit.ReceivedAt = now
+	otherPod := expression.Name("pod.uid").NotEqual(expression.Value(pod.UID))
 	condition := expression.Or(
 		expression.Name("exit").AttributeNotExists(),
-		expression.Name("exit.restartCount").LessThanEqual(expression.Value(exit.RestartCount)),
-		expression.And(expression.Name("unverified").AttributeExists(), expression.Name("pod.uid").NotEqual(expression.Value(pod.UID))))
+		expression.And(expression.Name("exit.restartCount").LessThanEqual(expression.Value(exit.RestartCount)),
+			expression.Or(otherPod, expression.Name("exit.willRestart").Equal(expression.Value(true)))),
+		expression.And(expression.Name("unverified").AttributeExists(), otherPod))
 	update := stamped(now).
 		Set(expression.Name("exit"), expression.Value(exit)).
 		Set(expression.Name("pod"), expression.Value(pod)).
@@ -234,7 +254,8 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.Po
 		update = update.Set(expression.Name("pod"), expression.Name("pod").IfNotExists(expression.Value(pod)))
 	}
 	if sc.Gone() {
-		update = update.Set(expression.Name("gone"), expression.Value(model.Gone{State: sc.State, At: sc.At.UTC()}))
+		update = update.Set(expression.Name("gone"), expression.Value(model.Gone{State: sc.State, At: sc.At.UTC()})).
+			Set(expression.Name("goneSeenAt"), expression.Name("goneSeenAt").IfNotExists(expression.Value(timeAV(now))))
 		if !sc.AddsNoWork {
 			update = update.Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID)))
 		}

@@ -15,9 +15,12 @@ import (
 
 // WithExit is rec after RecordExit(id, pod, exit) at now, and whether the
 // write applies (false: rec is returned as it was). A later exit wins,
-// unless it is one an older version recorded unverified for another Pod.
+// unless the recorded one is a terminal exit of the same Pod (it is
+// final), and except over one an older version recorded unverified for
+// another Pod.
 func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time.Time) (Record, bool) {
-	if rec.Exit != nil && rec.Exit.RestartCount > exit.RestartCount && !(rec.Unverified && rec.Pod.UID != pod.UID) {
+	if rec.Exit != nil && !(rec.Unverified && rec.Pod.UID != pod.UID) &&
+		(rec.Exit.RestartCount > exit.RestartCount || FinalExit(rec, pod)) {
 		return rec, false
 	}
 	now = now.UTC()
@@ -28,6 +31,12 @@ func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time
 	touch(&rec, now)
 	rec.Version++
 	return rec, true
+}
+
+// FinalExit says whether rec holds a terminal exit of pod: nothing
+// replaces it.
+func FinalExit(rec Record, pod model.PodRef) bool {
+	return rec.Exit != nil && rec.Exit.Terminal() && rec.Pod.UID == pod.UID
 }
 
 // WithState is rec after RecordState(id, pod, sc) at now, and whether the
@@ -43,6 +52,9 @@ func WithState(rec Record, id string, pod model.PodRef, sc StateChange, now time
 	}
 	if sc.Gone() {
 		rec.Gone = &model.Gone{State: sc.State, At: sc.At.UTC()}
+		if rec.GoneSeenAt.IsZero() {
+			rec.GoneSeenAt = now.UTC()
+		}
 		if !sc.AddsNoWork {
 			rec.Pending = pendingValue(id)
 		}

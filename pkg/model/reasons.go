@@ -32,6 +32,9 @@ const (
 	ReasonNoPodTags = "no-pod-tags"
 	// ReasonPodMismatch: the Pod named differs from the one the tags name.
 	ReasonPodMismatch = "pod-mismatch"
+	// ReasonAfterTerminal: an exit of a Pod whose terminal exit is
+	// recorded, other than that one: the first terminal exit is final.
+	ReasonAfterTerminal = "after-terminal"
 
 	// ReasonNotConfirmed: a state change claiming the instance gone while
 	// EC2 kept describing it running.

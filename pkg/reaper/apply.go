@@ -72,6 +72,18 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 				}
 				continue
 			}
+			if rec != nil && ledger.FinalExit(*rec, *it.Pod) {
+				// Nothing replaces it (the ledger refuses the write too):
+				// the same line again is a redelivery, anything else is
+				// counted.
+				if !sameExit(*rec.Exit, *it.Exit) {
+					b.Metrics.By(metrics.Reason(model.ReasonAfterTerminal)).Count(metrics.LinesRejected, 1)
+					b.Log.LogAttrs(ctx, slog.LevelWarn, "exit after a terminal exit", slog.String("instance", e.id),
+						slog.String("pod", it.Pod.String()), slog.Int("restartCount", int(it.Exit.RestartCount)))
+				}
+				reconcile = true
+				continue
+			}
 			next, err := b.Ledger.RecordExit(ctx, e.id, *it.Pod, *it.Exit)
 			if err != nil {
 				return fmt.Errorf("record exit of %s: %w", e.id, err)
@@ -152,6 +164,13 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 func endedByReaper(rec ledger.Record) bool {
 	return rec.Pending == "" && !rec.Unverified && rec.Exit != nil && rec.Exit.Terminal() &&
 		rec.PodSynced == (model.Outcome{Exit: rec.Exit}).Key() && !rec.Terminated.IsZero()
+}
+
+// sameExit says whether two exits are the same line's, but for when Reaper
+// received them.
+func sameExit(a, b model.Exit) bool {
+	a.ReceivedAt, b.ReceivedAt = time.Time{}, time.Time{}
+	return a == b
 }
 
 // podTags is the Pod the instance's tags name, as far as EC2 described it.

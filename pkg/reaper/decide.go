@@ -98,8 +98,8 @@ func Decide(rec ledger.Record, ec2 *instances.Instance, now time.Time, p Policy)
 	if outcome, due := outcomeOf(rec, now, p); outcome != nil && outcome.Key() != rec.PodSynced && rec.PodSynced != lostKey {
 		plan.Pod, plan.DueSince, plan.Why = outcome, due, "pod "+outcome.Key()
 	}
-	if rec.Gone != nil && (rec.Exit == nil || !rec.Exit.Terminal()) && now.Before(rec.Gone.At.Add(p.ExitWait)) {
-		plan.WaitUntil, plan.Why = rec.Gone.At.Add(p.ExitWait), "exit-wait window open"
+	if rec.Gone != nil && (rec.Exit == nil || !rec.Exit.Terminal()) && now.Before(rec.GoneSince().Add(p.ExitWait)) {
+		plan.WaitUntil, plan.Why = rec.GoneSince().Add(p.ExitWait), "exit-wait window open"
 	}
 	if !rec.Terminated.IsZero() || !wantTerminated(rec, p) {
 		return plan
@@ -145,16 +145,21 @@ func endAfterGrace(graceEnds time.Time, rec ledger.Record, seen time.Time, p Pol
 }
 
 // graceEnd is when the power-off grace of rec's instance ends: the grace
-// after its exit's finishedAt, as the default user-data's hosts power off
-// a few seconds after their exit whenever Reaper writes the Pod. With the
-// Pod-written tag the hosts wait for Reaper's write instead, so the grace
-// runs from the later of the exit and the write of its Pod (written),
-// however long the write took.
+// after Reaper received its terminal exit, on Reaper's clock (the first
+// terminal exit is final, so no later line moves it; a record an older
+// version wrote without the time falls back to the exit's finishedAt), as
+// the default user-data's hosts power off a few seconds after their exit
+// whenever Reaper writes the Pod. With the Pod-written tag the hosts wait
+// for Reaper's write instead, so the grace runs from the later of the
+// exit and the write of its Pod (written), however long the write took.
 func graceEnd(rec ledger.Record, written time.Time, p Policy) time.Time {
 	if rec.Exit == nil {
 		return time.Time{}
 	}
-	from := rec.Exit.FinishedAt
+	from := rec.Exit.ReceivedAt
+	if from.IsZero() {
+		from = rec.Exit.FinishedAt
+	}
 	if p.PodWrittenTag != "" {
 		from = laterOf(from, written)
 	}
@@ -165,7 +170,7 @@ func graceEnd(rec ledger.Record, written time.Time, p Policy) time.Time {
 func terminateDue(rec ledger.Record, p Policy) time.Time {
 	due := graceEnd(rec, rec.PodSyncedAt, p)
 	if rec.Gone != nil {
-		due = laterOf(due, rec.Gone.At)
+		due = laterOf(due, rec.GoneSince())
 	}
 	if rec.TerminateRefused != nil {
 		due = laterOf(due, rec.TerminateRefused.At.Add(RefusalBackoff))
@@ -187,12 +192,12 @@ func laterOf(a, b time.Time) time.Time {
 // once it is gone and the window has passed with no terminal line, the
 // restart will never happen and the Pod is lost.
 func outcomeOf(rec ledger.Record, now time.Time, p Policy) (*model.Outcome, time.Time) {
-	lost := rec.Gone != nil && !now.Before(rec.Gone.At.Add(p.ExitWait))
+	lost := rec.Gone != nil && !now.Before(rec.GoneSince().Add(p.ExitWait))
 	switch {
 	case rec.Exit != nil && (rec.Exit.Terminal() || !lost):
 		return &model.Outcome{InstanceID: rec.InstanceID, Exit: rec.Exit}, rec.Exit.ReceivedAt
 	case lost:
-		return &model.Outcome{InstanceID: rec.InstanceID, Lost: rec.Gone, LostAfter: p.ExitWait}, rec.Gone.At.Add(p.ExitWait)
+		return &model.Outcome{InstanceID: rec.InstanceID, Lost: rec.Gone, LostAfter: p.ExitWait}, rec.GoneSince().Add(p.ExitWait)
 	}
 	return nil, time.Time{}
 }

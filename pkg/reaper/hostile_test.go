@@ -2,6 +2,7 @@ package reaper
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -266,21 +267,22 @@ func TestInstanceEC2Forgot(t *testing.T) {
 }
 
 // With a power-off grace, a terminal exit's Pod is written at once and its
-// instance is left to power itself off, for the grace after the exit (the
-// default hosts power off seconds after their exit) or, with the
-// Pod-written tag, after the later of the exit and the Pod write (those
+// instance is left to power itself off, for the grace after Reaper received
+// the exit (the default hosts power off seconds after their exit) or, with
+// the Pod-written tag, after the later of that and the Pod write (those
 // hosts wait for the write); a wake-up on the queue has the record looked
 // at again when the grace ends, and an instance still running then is
-// terminated.
+// terminated. The exit's own finishedAt, the host's word, moves nothing.
 func TestPowerOffGrace(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		tag  string
 		wake time.Duration
 	}{
-		// The grace ends 20 s and 30 s from now: the wake-up comes on
-		// the next step of WakeGrid after a second more.
-		{"from the exit", "", 25 * time.Second},
+		// The grace ends 30 s from now, when the exit is received and
+		// its Pod written: the wake-up comes on the next step of
+		// WakeGrid after a second more.
+		{"from the exit's receipt", "", 35 * time.Second},
 		{"from the Pod write", "reaper.io:pod-written", 35 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -425,5 +427,97 @@ func TestPodWrittenTag(t *testing.T) {
 	}
 	if !strings.Contains(emf.String(), `"PodWrittenTagsFailed":1`) {
 		t.Fatalf("metrics %s, want PodWrittenTagsFailed 1", emf.String())
+	}
+}
+
+// The first terminal exit of a Pod is final: a host that sends the same
+// terminal line again and again, dated ever later within the clock skew
+// Reaper allows, neither replaces the recorded exit nor pushes its
+// power-off grace on: its instance is terminated when the grace after the
+// first receipt ends. A later restart of a Pod whose exit was terminal is
+// refused and counted.
+func TestTerminalExitIsFinal(t *testing.T) {
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
+	w.Pods[podOf(1)] = true
+	core, l, q := newBatchCore(w)
+	core.Policy.PowerOffGrace = 30 * time.Second
+	var emf bytes.Buffer
+	core.Metrics = metrics.New(slog.New(slog.NewJSONHandler(&emf, nil)), "Reaper", metrics.FunctionReconciler)
+	start := testNow()
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, exitMsg(1, 0))); err != nil {
+		t.Fatal(err)
+	}
+	first := *l.Recs[instanceOf(1)].Exit
+	q.Sent = nil
+	// Every 10 s, the same line dated 4 min 50 s ahead, and a restart.
+	for i := 1; i <= 2; i++ {
+		now := start.Add(time.Duration(i) * 10 * time.Second)
+		core.Now = func() time.Time { return now }
+		again := exitMsg(1, 0)
+		again.Exit.FinishedAt = now.Add(4*time.Minute + 50*time.Second)
+		restart := exitMsg(1, 1)
+		restart.Exit.RestartCount = 1
+		if _, err := core.HandleQueueEvent(t.Context(), batch(t, again, restart)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec := l.Recs[instanceOf(1)]; *rec.Exit != first {
+		t.Fatalf("recorded exit %+v, want the first one %+v", *rec.Exit, first)
+	}
+	if n := countOf(t, emf.String(), metrics.LinesRejected, model.ReasonAfterTerminal); n != 4 {
+		t.Fatalf("%d claims counted as after a terminal exit, want 4", n)
+	}
+	core.Now = func() time.Time { return start.Add(35 * time.Second) }
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, workqueue.Sweep(instanceOf(1)))); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Log[len(w.Log)-1]; got != "terminate ["+instanceOf(1)+"]" {
+		t.Fatalf("steps %q, want the instance terminated when the grace after the first receipt ends", w.Log)
+	}
+}
+
+// countOf sums the metric name counted with reason in the EMF lines emf.
+func countOf(t *testing.T, emf, name, reason string) int {
+	t.Helper()
+	n := 0
+	for line := range strings.Lines(emf) {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := m[name].(float64); ok && m[metrics.ReasonDim] == reason {
+			n += int(v)
+		}
+	}
+	return n
+}
+
+// A state change delivered long after the time it carries (asynchronous
+// retries after an outage last up to six hours) does not close the
+// exit-wait window at once: it runs from when Reaper first saw the
+// instance gone, so the real exit, arriving seconds later, still decides
+// the Pod.
+func TestLateStateChangeKeepsTheWindow(t *testing.T) {
+	inst := owned(instanceOf(1), podOf(1))
+	inst.State = model.StateTerminated
+	w := fakes.NewWorld(inst)
+	w.Pods[podOf(1)] = true
+	core, l, _ := newBatchCore(w)
+	late := workqueue.State(instanceOf(1), model.StateTerminated, testNow().Add(-time.Hour))
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, late)); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Log) != 0 {
+		t.Fatalf("steps %q: the Pod was written lost on a state change an hour old", w.Log)
+	}
+	if rec := l.Recs[instanceOf(1)]; !rec.GoneSince().Equal(testNow()) {
+		t.Fatalf("record %+v: want the window to run from when Reaper saw the instance gone", rec)
+	}
+	core.Now = func() time.Time { return testNow().Add(10 * time.Second) }
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, exitMsg(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Log) == 0 || w.Log[0] != "pod jobs/job-1 exit/0" {
+		t.Fatalf("steps %q, want the Pod written with the exit: the exit decides the Pod", w.Log)
 	}
 }
