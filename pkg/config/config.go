@@ -42,8 +42,9 @@ type Config struct {
 	TerminateStopped bool
 	// Tags are the instance tag keys (REAPER_TAG_MANAGED, REAPER_TAG_CLUSTER,
 	// REAPER_TAG_POD_NAMESPACE, REAPER_TAG_POD_NAME, REAPER_TAG_POD_UID,
-	// REAPER_TAG_CLUSTER_UID, and REAPER_TAG_POD_WRITTEN, which has no
-	// default and needs REAPER_POWER_OFF_GRACE).
+	// REAPER_TAG_CLUSTER_UID, REAPER_TAG_EXIT_TOKEN, and
+	// REAPER_TAG_POD_WRITTEN, which has no default and needs
+	// REAPER_POWER_OFF_GRACE).
 	Tags model.TagKeys
 	// Kube says how to reach the Kubernetes API: exactly one of
 	// REAPER_EKS_CLUSTER, REAPER_KUBECONFIG_SECRET or KUBECONFIG.
@@ -154,6 +155,7 @@ func Read(getenv func(string) string, needs Needs) (Config, error) {
 		{"REAPER_TAG_POD_NAME", &c.Tags.PodName},
 		{"REAPER_TAG_POD_UID", &c.Tags.PodUID},
 		{"REAPER_TAG_CLUSTER_UID", &c.Tags.ClusterUID},
+		{"REAPER_TAG_EXIT_TOKEN", &c.Tags.ExitToken},
 		{"REAPER_TAG_POD_WRITTEN", &c.Tags.PodWritten},
 	} {
 		*t.key = lookup(getenv, t.name)

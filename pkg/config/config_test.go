@@ -24,7 +24,7 @@ func TestDefaults(t *testing.T) {
 	}
 	if c.Cluster != "prod" || c.Tags.Cluster != "reaper.io/cluster" || c.MetricsNamespace != "Reaper" || c.ExitWait != 3*time.Minute || c.OrphanGrace != 15*time.Minute || !c.TerminateStopped || c.DryRun ||
 		c.Tags.Managed != "reaper.io/managed" || c.Tags.PodUID != "reaper.io/pod-uid" || c.Kube.Kubeconfig != "/k" ||
-		c.OrphanCap != 0.1 || c.PowerOffGrace != 0 || c.Tags.ClusterUID != "reaper.io/cluster-uid" {
+		c.OrphanCap != 0.1 || c.PowerOffGrace != 0 || c.Tags.ClusterUID != "reaper.io/cluster-uid" || c.Tags.ExitToken != "reaper.io/exit-token-sha256" {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -36,11 +36,12 @@ func TestOverrides(t *testing.T) {
 		"REAPER_EXIT_WAIT", "90s", "REAPER_ORPHAN_GRACE", "1h", "REAPER_TERMINATE_STOPPED", "false",
 		"REAPER_TAG_MANAGED", "example.com/reap", "REAPER_LOG_LEVEL", "debug",
 		"REAPER_ORPHAN_CAP", "0.25", "REAPER_POWER_OFF_GRACE", "30s", "REAPER_TAG_CLUSTER_UID", "example.com/cluster-uid",
-		"REAPER_TAG_POD_WRITTEN", "example.com:pod-written"))
+		"REAPER_TAG_POD_WRITTEN", "example.com:pod-written", "REAPER_TAG_EXIT_TOKEN", "example.com/exit-token"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.OrphanCap != 0.25 || c.PowerOffGrace != 30*time.Second || c.Tags.ClusterUID != "example.com/cluster-uid" || c.Tags.PodWritten != "example.com:pod-written" {
+	if c.OrphanCap != 0.25 || c.PowerOffGrace != 30*time.Second || c.Tags.ClusterUID != "example.com/cluster-uid" || c.Tags.PodWritten != "example.com:pod-written" ||
+		c.Tags.ExitToken != "example.com/exit-token" {
 		t.Fatalf("orphan cap, power-off grace, identity tag: %+v", c)
 	}
 	if !c.DryRun || c.ExitWait != 90*time.Second || c.OrphanGrace != time.Hour || c.TerminateStopped ||

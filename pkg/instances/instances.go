@@ -37,6 +37,10 @@ type Instance struct {
 	Owned      bool
 	Pod        model.PodRef
 	LaunchTime time.Time
+	// ExitTokenHash is the exit-token tag's value (model.ExitTokenHash of
+	// the launch's exit token), "" when the instance has none: then no
+	// line for it needs a token.
+	ExitTokenHash string
 	// DescribedAt is when the DescribeInstances call that answered this
 	// was sent: EC2's state is at least that fresh.
 	DescribedAt time.Time
@@ -185,6 +189,8 @@ func (f *Fleet) instance(i types.Instance) Instance {
 			out.Pod.Name = v
 		case f.keys.PodUID:
 			out.Pod.UID = v
+		case f.keys.ExitToken:
+			out.ExitTokenHash = v
 		}
 	}
 	out.Owned = out.Managed && out.Cluster == f.cluster

@@ -63,6 +63,8 @@ const (
 	// an orphan only when it equals the identity of the apiserver Reaper
 	// reaches.
 	DefaultTagClusterUID = "reaper.io/cluster-uid"
+	// DefaultTagExitToken carries ExitTokenHash of the launch's exit token.
+	DefaultTagExitToken = "reaper.io/exit-token-sha256"
 )
 
 // TagKeys are the launch tag keys a deployment uses.
@@ -86,6 +88,13 @@ type TagKeys struct {
 	// orphan only when it equals the identity of the apiserver Reaper
 	// reaches, so an instance without it is never terminated as one.
 	ClusterUID string
+	// ExitToken carries the SHA-256 of the launch's exit token (ExitTokenHash),
+	// a random secret the provider puts in the host's configuration only:
+	// the wrapper adds it to every exit line, and Reaper believes a line for
+	// an instance with this tag only when the line's token hashes to it, so a
+	// host cannot speak for another instance's Pod. An instance without it
+	// keeps the checks of the other tags alone.
+	ExitToken string
 	// PodWritten, when set, is the tag Reaper puts on a running instance
 	// once it has written its Pod's terminal status, its value the time of
 	// the write: a host that powers itself off only once it reads this tag
@@ -124,6 +133,7 @@ func DefaultTagKeys() TagKeys {
 		PodName:      DefaultTagPodName,
 		PodUID:       DefaultTagPodUID,
 		ClusterUID:   DefaultTagClusterUID,
+		ExitToken:    DefaultTagExitToken,
 	}
 }
 
@@ -133,6 +143,7 @@ func (k TagKeys) WithDefaults() TagKeys {
 	for _, f := range []struct{ v, def *string }{
 		{&k.Managed, &d.Managed}, {&k.Cluster, &d.Cluster}, {&k.PodNamespace, &d.PodNamespace},
 		{&k.PodName, &d.PodName}, {&k.PodUID, &d.PodUID}, {&k.ClusterUID, &d.ClusterUID},
+		{&k.ExitToken, &d.ExitToken},
 	} {
 		if *f.v == "" {
 			*f.v = *f.def

@@ -71,3 +71,33 @@ func TestValidMetadataTagKey(t *testing.T) {
 		}
 	}
 }
+
+// The exit-token tag's value is the token's SHA-256 in lower-case hex, the
+// one form ValidExitTokenHash accepts; tokens are bounded in length and
+// characters.
+func TestExitToken(t *testing.T) {
+	// SHA-256 of "abc", from FIPS 180-2, appendix B.1.
+	if got := ExitTokenHash("abc"); got != "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad" {
+		t.Errorf("ExitTokenHash(abc) = %s", got)
+	}
+	if h := ExitTokenHash(strings.Repeat("f", 64)); !ValidExitTokenHash(h) {
+		t.Errorf("ExitTokenHash writes %q, which ValidExitTokenHash refuses", h)
+	}
+	for h, want := range map[string]bool{
+		strings.Repeat("0a", 32): true, strings.Repeat("0A", 32): false, strings.Repeat("0a", 31): false,
+		strings.Repeat("0a", 32) + "0": false, strings.Repeat("g", 64): false, "": false,
+	} {
+		if got := ValidExitTokenHash(h); got != want {
+			t.Errorf("ValidExitTokenHash(%q) = %v, want %v", h, got, want)
+		}
+	}
+	for token, want := range map[string]bool{
+		strings.Repeat("a", 32): true, strings.Repeat("Z9_-", 32): true, strings.Repeat("a", 31): false,
+		strings.Repeat("a", 129): false, strings.Repeat("a", 31) + "=": false, strings.Repeat("a", 31) + "\"": false,
+		strings.Repeat("a", 31) + " ": false, "": false,
+	} {
+		if got := ValidExitToken(token); got != want {
+			t.Errorf("ValidExitToken(%q) = %v, want %v", token, got, want)
+		}
+	}
+}

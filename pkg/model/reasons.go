@@ -9,6 +9,9 @@ const (
 	// ReasonOtherInstance: the line names another instance than the log
 	// stream it was written to.
 	ReasonOtherInstance = "other-instance"
+	// ReasonInvalidToken: the line's exit token is outside its bounds
+	// (ValidExitToken); the line is refused whatever else it says.
+	ReasonInvalidToken = "invalid-token"
 	// ReasonFinishedInFuture: finishedAt lies further ahead than the clock
 	// skew a host may have.
 	ReasonFinishedInFuture = "finished-in-future"
@@ -35,6 +38,10 @@ const (
 	// ReasonAfterTerminal: an exit of a Pod whose terminal exit is
 	// recorded, other than that one: the first terminal exit is final.
 	ReasonAfterTerminal = "after-terminal"
+	// ReasonTokenMismatch: the instance carries an exit-token hash
+	// (TagKeys.ExitToken) and the claim's token, absent or another, does
+	// not hash to it.
+	ReasonTokenMismatch = "token-mismatch"
 
 	// ReasonNotConfirmed: a state change claiming the instance gone while
 	// EC2 kept describing it running.
