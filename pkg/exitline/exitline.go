@@ -56,6 +56,20 @@ type Line struct {
 	WillRestart bool `json:"willRestart,omitempty"`
 	// BackoffSeconds is how long the supervisor waits before that restart.
 	BackoffSeconds int `json:"backoffSeconds,omitempty"`
+	// Token is the launch's exit token (model.ValidExitToken), from the
+	// host's configuration: it proves the line comes from the host of an
+	// instance whose exit-token tag is its hash. A secret: it goes no
+	// further than the exitrecorder, which passes on TokenHash.
+	Token string `json:"token,omitempty"`
+}
+
+// TokenHash is the hash of the line's token (model.ExitTokenHash), "" when
+// it carries none.
+func (l Line) TokenHash() string {
+	if l.Token == "" {
+		return ""
+	}
+	return model.ExitTokenHash(l.Token)
 }
 
 var (
@@ -120,6 +134,11 @@ func Parse(message []byte) (Line, error) {
 	return l, nil
 }
 
+// ErrInvalidToken is the error of a line whose exit token is outside its
+// bounds (model.ValidExitToken). The error never quotes the token: it is a
+// secret, and errors are logged.
+var ErrInvalidToken = errors.New("token is not 32 to 128 letters, digits, - or _")
+
 // Validate checks the fields Reaper relies on.
 func (l Line) Validate() error {
 	var errs []error
@@ -132,14 +151,32 @@ func (l Line) Validate() error {
 	if !model.ValidInstanceID(l.InstanceID) {
 		errs = append(errs, fmt.Errorf("instanceId %q is not an EC2 instance id", l.InstanceID))
 	}
+	if l.Token != "" && !model.ValidExitToken(l.Token) {
+		errs = append(errs, ErrInvalidToken)
+	}
+	if err := ValidateClaim(l.Claim()); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid exit line: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// ValidateClaim checks what a line claims, the Pod and its exit, within
+// the line's limits: the exitrecorder checks every line with it, and the
+// work queue every exit message, which anyone allowed to send to the
+// queue could have written.
+func ValidateClaim(pod model.PodRef, exit model.Exit) error {
+	var errs []error
 	for _, f := range []struct {
 		name, value string
 		check       func(string) []string
 	}{
-		{"podNamespace", l.PodNamespace, validation.IsDNS1123Label},
-		{"podName", l.PodName, validation.IsDNS1123Subdomain},
-		{"podUID", l.PodUID, isUID},
-		{"container", l.Container, validation.IsDNS1123Label},
+		{"podNamespace", pod.Namespace, validation.IsDNS1123Label},
+		{"podName", pod.Name, validation.IsDNS1123Subdomain},
+		{"podUID", pod.UID, isUID},
+		{"container", exit.Container, validation.IsDNS1123Label},
 	} {
 		if f.value == "" {
 			errs = append(errs, fmt.Errorf("%s is missing", f.name))
@@ -147,26 +184,26 @@ func (l Line) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %.80q: %s", f.name, f.value, problems[0]))
 		}
 	}
-	if l.ExitCode < -1 || l.ExitCode > 255 {
-		errs = append(errs, fmt.Errorf("exitCode %d is out of range -1..255", l.ExitCode))
+	if exit.ExitCode < -1 || exit.ExitCode > 255 {
+		errs = append(errs, fmt.Errorf("exitCode %d is out of range -1..255", exit.ExitCode))
 	}
-	if l.ExitCode == -1 && l.Error == "" {
+	if exit.ExitCode == -1 && exit.Error == "" {
 		errs = append(errs, errors.New("exitCode -1 (unknown) needs an error"))
 	}
-	if l.RestartCount < 0 || l.RestartCount > MaxRestartCount {
-		errs = append(errs, fmt.Errorf("restartCount %d is out of range 0..%d", l.RestartCount, MaxRestartCount))
+	if exit.RestartCount < 0 || exit.RestartCount > MaxRestartCount {
+		errs = append(errs, fmt.Errorf("restartCount %d is out of range 0..%d", exit.RestartCount, MaxRestartCount))
 	}
-	if l.BackoffSeconds < 0 || l.BackoffSeconds > MaxBackoffSeconds {
-		errs = append(errs, fmt.Errorf("backoffSeconds %d is out of range 0..%d", l.BackoffSeconds, MaxBackoffSeconds))
+	if exit.BackoffSeconds < 0 || exit.BackoffSeconds > MaxBackoffSeconds {
+		errs = append(errs, fmt.Errorf("backoffSeconds %d is out of range 0..%d", exit.BackoffSeconds, MaxBackoffSeconds))
 	}
 	for _, f := range []struct {
 		name, value string
 		max         int
 		pattern     *regexp.Regexp
 	}{
-		{"error", l.Error, MaxErrorBytes, nil},
-		{"containerId", l.ContainerID, MaxContainerIDBytes, containerIDPattern},
-		{"signal", l.Signal, MaxSignalBytes, signalPattern},
+		{"error", exit.Error, MaxErrorBytes, nil},
+		{"containerId", exit.ContainerID, MaxContainerIDBytes, containerIDPattern},
+		{"signal", exit.Signal, MaxSignalBytes, signalPattern},
 	} {
 		switch {
 		case len(f.value) > f.max:
@@ -175,15 +212,12 @@ func (l Line) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %.80q has characters outside %s", f.name, f.value, f.pattern))
 		}
 	}
-	if l.FinishedAt.IsZero() {
+	if exit.FinishedAt.IsZero() {
 		errs = append(errs, errors.New("finishedAt is missing"))
-	} else if !l.StartedAt.IsZero() && l.FinishedAt.Before(l.StartedAt) {
+	} else if !exit.StartedAt.IsZero() && exit.FinishedAt.Before(exit.StartedAt) {
 		errs = append(errs, errors.New("finishedAt is before startedAt"))
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("invalid exit line: %w", errors.Join(errs...))
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func isUID(s string) []string {
@@ -207,8 +241,8 @@ type Rejection struct {
 type Batch struct {
 	InstanceID string
 	// Lines are the valid lines, ordered by RestartCount with duplicates
-	// (redelivered or repeated by the agent: the same Pod and restart
-	// count) removed.
+	// (redelivered or repeated by the agent: the same Pod, restart count
+	// and token) removed.
 	Lines    []Line
 	Rejected []Rejection
 	// Control is true for the CONTROL_MESSAGE CloudWatch Logs sends to test
@@ -223,8 +257,9 @@ var ErrBadStream = errors.New("log stream is not an EC2 instance id")
 // FromLogsEvent decodes a CloudWatch Logs subscription event received at
 // now. A line whose instanceId differs from the log stream is rejected: the
 // stream name is set by the CloudWatch agent from the instance's own
-// metadata, the body is not. A batch keeps one line per Pod and restart
-// count: a line naming another Pod, whatever its count, never hides one.
+// metadata, the body is not. A batch keeps one line per Pod, restart count
+// and token: a line naming another Pod, whatever its count, or carrying
+// another token, never hides one.
 func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) {
 	data, err := ev.AWSLogs.Parse()
 	if err != nil {
@@ -238,15 +273,21 @@ func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) 
 	if !model.ValidInstanceID(data.LogStream) {
 		return b, fmt.Errorf("%w: %q", ErrBadStream, data.LogStream)
 	}
+	// A line is one per Pod, restart count and token: a line without the
+	// instance's token (written by another host into this stream) cannot
+	// hide the real one, whatever it claims.
 	type restart struct {
 		uid   string
 		count int32
+		token string
 	}
 	seen := make(map[restart]bool, len(data.LogEvents))
 	for _, e := range data.LogEvents {
 		l, err := Parse([]byte(e.Message))
 		reason := model.ReasonInvalid
 		switch {
+		case errors.Is(err, ErrInvalidToken):
+			reason = model.ReasonInvalidToken
 		case err != nil:
 		case l.InstanceID != data.LogStream:
 			reason, err = model.ReasonOtherInstance, fmt.Errorf("instanceId %s does not match log stream %s", l.InstanceID, data.LogStream)
@@ -257,7 +298,7 @@ func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) 
 			b.Rejected = append(b.Rejected, Rejection{EventID: e.ID, Reason: reason, Err: err})
 			continue
 		}
-		key := restart{l.PodUID, l.RestartCount}
+		key := restart{l.PodUID, l.RestartCount, l.Token}
 		if seen[key] {
 			continue
 		}

@@ -2,6 +2,8 @@ package exitline
 
 import (
 	"encoding/json"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,9 @@ import (
 
 const good = `{"reaper":"container-exit","v":1,"instanceId":"i-0123456789abcdef0","podNamespace":"ml","podName":"train-0","podUID":"6b9a1c2e-0000-4000-8000-000000000001","container":"main","containerId":"3f2a","exitCode":0,"oomKilled":false,"startedAt":"2026-11-30T06:00:00.123456789Z","finishedAt":"2026-11-30T07:00:00.5Z","restartCount":0}`
 
+// token is an exit token as userdata.NewExitToken draws them.
+const token = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
 func TestParse(t *testing.T) {
 	l, err := Parse([]byte(good))
 	if err != nil {
@@ -20,6 +25,13 @@ func TestParse(t *testing.T) {
 	}
 	if l.InstanceID != "i-0123456789abcdef0" || l.PodName != "train-0" || l.ExitCode != 0 || l.FinishedAt.Nanosecond() != 500000000 {
 		t.Fatalf("parsed %+v", l)
+	}
+	withToken := strings.Replace(good, `"restartCount":0`, `"restartCount":0,"token":"`+token+`"`, 1)
+	if l, err = Parse([]byte(withToken)); err != nil || l.Token != token || l.TokenHash() != model.ExitTokenHash(token) {
+		t.Fatalf("token: %+v %v", l, err)
+	}
+	if l, _ := Parse([]byte(good)); l.TokenHash() != "" {
+		t.Fatalf("a line without a token has the token hash %q", l.TokenHash())
 	}
 	withExtra := strings.Replace(good, `"restartCount":0`, `"restartCount":2,"willRestart":true,"backoffSeconds":20,"futureField":"x"`, 1)
 	if l, err = Parse([]byte(withExtra)); err != nil || !l.WillRestart || l.RestartCount != 2 || l.BackoffSeconds != 20 {
@@ -49,6 +61,7 @@ func TestParseRejects(t *testing.T) {
 		"container id shape": {strings.Replace(good, `"containerId":"3f2a"`, `"containerId":"3f2a\n<b>"`, 1), "containerId"},
 		"long signal":        {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"signal":"`+strings.Repeat("K", 17)+`"`, 1), "signal is 17 bytes"},
 		"signal shape":       {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"signal":"kill -9"`, 1), "signal"},
+		"token type":         {strings.Replace(good, `"restartCount":0`, `"restartCount":0,"token":7`, 1), "not an exit line"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.line))
@@ -153,11 +166,68 @@ func TestFromLogsEventStreamAndControl(t *testing.T) {
 	}
 }
 
+// A token out of its bounds rejects the line, for ErrInvalidToken, and the
+// error, which is logged, never quotes it.
+func TestParseRejectsToken(t *testing.T) {
+	for name, bad := range map[string]string{
+		"short":      token[:31],
+		"long":       strings.Repeat(token, 3),
+		"quote":      token[:40] + `\"`,
+		"space":      token[:40] + " x",
+		"equals":     token[:40] + "==",
+		"line break": token[:40] + `\n`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			line := strings.Replace(good, `"restartCount":0`, `"restartCount":0,"token":"`+bad+`"`, 1)
+			_, err := Parse([]byte(line))
+			if !errors.Is(err, ErrInvalidToken) {
+				t.Fatalf("error %v, want ErrInvalidToken", err)
+			}
+			if strings.Contains(err.Error(), bad[:20]) {
+				t.Fatalf("error %q quotes the token", err)
+			}
+		})
+	}
+}
+
+// A line with a bad token is rejected for invalid-token; a line without
+// the token, or with another, hides no line that carries it, whatever Pod
+// and restart count it claims; the same line twice is kept once.
+func TestFromLogsEventTokens(t *testing.T) {
+	withToken := func(tok string) string {
+		return strings.Replace(good, `"restartCount":0`, `"restartCount":0,"token":"`+tok+`"`, 1)
+	}
+	other := strings.Repeat("a", 64)
+	ev, err := Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: "i-0123456789abcdef0",
+		LogEvents: []events.CloudwatchLogsLogEvent{
+			{ID: "1", Message: good}, {ID: "2", Message: withToken(other)}, {ID: "3", Message: withToken(token[:20])},
+			{ID: "4", Message: withToken(token)}, {ID: "5", Message: withToken(token)},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := FromLogsEvent(ev, received)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tokens []string
+	for _, l := range b.Lines {
+		tokens = append(tokens, l.Token)
+	}
+	if !slices.Equal(tokens, []string{"", other, token}) {
+		t.Fatalf("lines carry tokens %q, want none, the other one and the instance's, once each", tokens)
+	}
+	if len(b.Rejected) != 1 || b.Rejected[0].EventID != "3" || b.Rejected[0].Reason != model.ReasonInvalidToken {
+		t.Fatalf("rejected %+v, want line 3 for %s", b.Rejected, model.ReasonInvalidToken)
+	}
+}
+
 // Whatever Parse accepts is a line that encodes and parses back to itself:
 // what the ledger and the Pod get from it does not depend on how the host
 // spelled it.
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(good))
+	f.Add([]byte(strings.Replace(good, `"restartCount":0`, `"restartCount":0,"token":"`+token+`"`, 1)))
 	f.Add([]byte(strings.Replace(good, `"restartCount":0`, `"restartCount":3,"willRestart":true,"backoffSeconds":40,"signal":"SIGKILL"`, 1)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		l, err := Parse(b)

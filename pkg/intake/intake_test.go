@@ -1,13 +1,22 @@
 package intake_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
 	"github.com/reaper-k8s/reaper/internal/fakes"
+	"github.com/reaper-k8s/reaper/internal/sqsserver"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/intake"
 	"github.com/reaper-k8s/reaper/pkg/model"
@@ -101,5 +110,76 @@ func TestUnsentClaimsFailTheInvocation(t *testing.T) {
 	state, err := in.HandleStateChange(t.Context(), statechange.Message{InstanceID: fakes.InstanceID(1), State: "terminated", Time: testNow()})
 	if !errors.Is(err, errRefused) || state.Queued {
 		t.Fatalf("state change: %+v, %v: want the queue's refusal", state, err)
+	}
+}
+
+// A payload as CloudWatch Logs delivers it, through the real line parser
+// and the real work queue (the SQS client against the test server): each
+// claim carries the hash of the token its line carried, a line without
+// the token or with another one is queued beside the real one instead of
+// hiding it, a line with a malformed token is rejected for invalid-token,
+// and the token itself is in no message body and no log line.
+func TestHandleLogsEventTokens(t *testing.T) {
+	srv := sqsserver.New()
+	t.Cleanup(srv.Close)
+	client := srv.Client(nil)
+	created, err := client.CreateQueue(t.Context(), &sqs.CreateQueueInput{QueueName: aws.String("work")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := aws.ToString(created.QueueUrl)
+	var logs bytes.Buffer
+	in := &intake.Intake{Queue: workqueue.New(client, url), Log: slog.New(slog.NewJSONHandler(&logs, nil)), Now: testNow}
+
+	token := strings.Repeat("5eC7", 16)
+	encode := func(l exitline.Line, tok string) string {
+		l.Token = tok
+		b, err := json.Marshal(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	genuine, forged := line(1, 0, false), line(1, 3, false)
+	ev, err := exitline.Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: fakes.InstanceID(1),
+		LogEvents: []events.CloudwatchLogsLogEvent{
+			{ID: "1", Message: encode(forged, "")},
+			{ID: "2", Message: encode(genuine, token)},
+			{ID: "3", Message: encode(genuine, token[:31])},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := in.HandleLogsEvent(t.Context(), ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Queued != 2 || sum.Rejected != 1 || sum.RejectedFor[model.ReasonInvalidToken] != 1 {
+		t.Fatalf("summary %+v: want 2 claims queued and 1 line rejected for %s", sum, model.ReasonInvalidToken)
+	}
+	res, err := client.ReceiveMessage(t.Context(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(url), MaxNumberOfMessages: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes := map[int32]string{}
+	for _, m := range res.Messages {
+		body := aws.ToString(m.Body)
+		if strings.Contains(body, token[:16]) {
+			t.Errorf("message body carries the token: %s", body)
+		}
+		it, err := workqueue.Parse(events.SQSMessage{MessageId: aws.ToString(m.MessageId), Body: body})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes[it.Exit.RestartCount] = it.TokenHash
+	}
+	if want := map[int32]string{0: model.ExitTokenHash(token), 3: ""}; !maps.Equal(hashes, want) {
+		t.Errorf("token hashes by restart count %v, want %v", hashes, want)
+	}
+	if strings.Contains(logs.String(), token[:16]) {
+		t.Errorf("the logs carry the token:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), model.ReasonInvalidToken) {
+		t.Errorf("the rejected line is not logged with its reason:\n%s", logs.String())
 	}
 }
