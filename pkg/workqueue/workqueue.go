@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
@@ -52,6 +53,11 @@ type Message struct {
 	// Pod and Exit are an exit message's claim.
 	Pod  *model.PodRef `json:"pod,omitempty"`
 	Exit *model.Exit   `json:"exit,omitempty"`
+	// TokenHash is the hash (model.ExitTokenHash) of the exit token the
+	// claim's line carried, "" when it carried none: the reconciler
+	// believes the claim for an instance with an exit-token tag only when
+	// they are equal. The token itself never reaches the queue.
+	TokenHash string `json:"tokenHash,omitempty"`
 	// State and At are a state message's state change.
 	State string    `json:"state,omitempty"`
 	At    time.Time `json:"at,omitzero"`
@@ -59,8 +65,8 @@ type Message struct {
 	// time to its decisions from it).
 	QueuedAt time.Time `json:"queuedAt,omitzero"`
 	// Checks counts the times the reconciler found EC2 not yet in the
-	// state a state message claims (its answers are eventually
-	// consistent); it sends the message again a while later, a few times.
+	// state a message claims (its answers are eventually consistent); it
+	// sends the message again a while later, at most MaxChecks times.
 	Checks int `json:"checks,omitempty"`
 	// Attempt counts the batches that took this work up before and could
 	// not finish it (for want of time or EC2 tokens): its delay grows with
@@ -76,6 +82,11 @@ type Message struct {
 // comes back carries its count, so work that can never finish (a Pod
 // write slower than any batch) stops circling and is seen.
 const MaxAttempts = 8
+
+// MaxChecks is how many times the reconciler checks a message's claim
+// against EC2 before it refuses it: a message claiming more checks was not
+// written by Reaper.
+const MaxChecks = 5
 
 // Exit is the message for an exit recorded for instance id.
 func Exit(id string, pod model.PodRef, exit model.Exit) Message {
@@ -119,6 +130,8 @@ func Parse(rec events.SQSMessage) (Item, error) {
 	return it, nil
 }
 
+// validate checks a message as the exitrecorder checks a line: whoever
+// may send to the queue could have written it.
 func (m Message) validate() error {
 	switch {
 	case m.V != Version:
@@ -127,15 +140,25 @@ func (m Message) validate() error {
 		return fmt.Errorf("instanceId %.40q is not an EC2 instance id", m.InstanceID)
 	case m.Attempt < 0 || m.Attempt > MaxAttempts:
 		return fmt.Errorf("attempt %d, want 0 to %d", m.Attempt, MaxAttempts)
+	case m.Checks < 0 || m.Checks > MaxChecks:
+		return fmt.Errorf("checks %d, want 0 to %d", m.Checks, MaxChecks)
+	case m.TokenHash != "" && !model.ValidExitTokenHash(m.TokenHash):
+		return fmt.Errorf("tokenHash %.80q is not a SHA-256 in lower-case hex", m.TokenHash)
 	}
 	switch m.Kind {
 	case KindExit:
 		if m.Pod == nil || m.Exit == nil {
 			return errors.New("exit message without pod or exit")
 		}
+		if err := exitline.ValidateClaim(*m.Pod, *m.Exit); err != nil {
+			return fmt.Errorf("exit claim: %w", err)
+		}
 	case KindState:
 		if m.State == "" || m.At.IsZero() {
 			return errors.New("state message without state or time")
+		}
+		if !model.KnownState(m.State) {
+			return fmt.Errorf("state %.40q is not an EC2 instance state", m.State)
 		}
 	case KindSweep, KindOrphan:
 	default:

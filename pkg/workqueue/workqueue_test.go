@@ -57,8 +57,12 @@ func TestSendAndParse(t *testing.T) {
 	q, client, url, srv := newQueue(t)
 	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	pod := model.PodRef{Namespace: "jobs", Name: "train", UID: "0b6f8e2c-2f4e-4c55-9d3e-6a1f7a9b2c01"}
+	exit := workqueue.Exit("i-0123456789abcdef0", pod, model.Exit{Container: "main", ExitCode: 3, FinishedAt: at})
+	exit.TokenHash = model.ExitTokenHash(strings.Repeat("t", 64))
+	recheck := workqueue.State("i-0123456789abcdef4", model.StateStopped, at)
+	recheck.Checks = workqueue.MaxChecks
 	msgs := []workqueue.Message{
-		workqueue.Exit("i-0123456789abcdef0", pod, model.Exit{Container: "main", ExitCode: 3, FinishedAt: at}),
+		exit, recheck,
 		workqueue.State("i-0123456789abcdef1", "terminated", at),
 		workqueue.Orphan("i-0123456789abcdef2"),
 	}
@@ -89,8 +93,11 @@ func TestSendAndParse(t *testing.T) {
 		}
 		byID[it.InstanceID] = it
 	}
-	if e := byID["i-0123456789abcdef0"]; e.Kind != workqueue.KindExit || *e.Pod != pod || e.Exit.ExitCode != 3 || !e.Exit.FinishedAt.Equal(at) {
+	if e := byID["i-0123456789abcdef0"]; e.Kind != workqueue.KindExit || *e.Pod != pod || e.Exit.ExitCode != 3 || !e.Exit.FinishedAt.Equal(at) || e.TokenHash != exit.TokenHash {
 		t.Fatalf("exit %+v", e)
+	}
+	if r := byID[recheck.InstanceID]; r.Checks != workqueue.MaxChecks {
+		t.Fatalf("checks %d, want %d", r.Checks, workqueue.MaxChecks)
 	}
 	if s := byID["i-0123456789abcdef1"]; s.Kind != workqueue.KindState || s.State != "terminated" || !s.At.Equal(at) {
 		t.Fatalf("state %+v", s)
@@ -226,9 +233,38 @@ func TestSendFailedRequestCostsItsOwnEntries(t *testing.T) {
 	}
 }
 
-// Bodies that are not work items are errors, each naming what is wrong.
+// Bodies that are not work items are errors, each naming what is wrong:
+// an exit message is checked as the exitrecorder checks a line, and the
+// counts the reconciler keeps stay within its limits.
 func TestParseRejects(t *testing.T) {
+	const id, uid = `"instanceId":"i-0123456789abcdef0"`, `"6b9a1c2e-0000-4000-8000-000000000001"`
+	exitBody := func(pod, exit string) string {
+		return `{"v":1,"kind":"exit",` + id + `,"pod":` + pod + `,"exit":` + exit + `}`
+	}
+	const goodPod, goodExit = `{"namespace":"ml","name":"train-0","uid":` + uid + `}`,
+		`{"container":"main","exitCode":0,"startedAt":"2026-11-30T06:00:00Z","finishedAt":"2026-11-30T07:00:00Z","restartCount":0}`
+	if _, err := workqueue.Parse(events.SQSMessage{MessageId: "m", Body: exitBody(goodPod, goodExit)}); err != nil {
+		t.Fatalf("a good exit message: %v", err)
+	}
 	for body, want := range map[string]string{
+		`{"v":1,"kind":"sweep",` + id + `,"checks":6}`:  "checks 6, want 0 to 5",
+		`{"v":1,"kind":"sweep",` + id + `,"checks":-1}`: "checks -1, want 0 to 5",
+		`{"v":1,"kind":"exit",` + id + `,"pod":` + goodPod + `,"exit":` + goodExit + `,"tokenHash":"` + strings.Repeat("A", 64) + `"}`:       "tokenHash",
+		`{"v":1,"kind":"exit",` + id + `,"pod":` + goodPod + `,"exit":` + goodExit + `,"tokenHash":"` + strings.Repeat("a", 63) + `"}`:       "tokenHash",
+		`{"v":1,"kind":"state",` + id + `,"state":"exploded","at":"2026-11-30T07:00:00Z"}`:                                                   `state "exploded" is not an EC2 instance state`,
+		exitBody(`{"namespace":"ML/../x","name":"train-0","uid":`+uid+`}`, goodExit):                                                         `podNamespace "ML/../x"`,
+		exitBody(`{"namespace":"ml","name":"`+strings.Repeat("a", 254)+`","uid":`+uid+`}`, goodExit):                                         "podName",
+		exitBody(`{"namespace":"ml","name":"train-0","uid":"u"}`, goodExit):                                                                  `podUID "u": not a UUID`,
+		exitBody(goodPod, strings.Replace(goodExit, `"main"`, `"Main_1"`, 1)):                                                                `container "Main_1"`,
+		exitBody(goodPod, strings.Replace(goodExit, `"exitCode":0`, `"exitCode":300`, 1)):                                                    "exitCode 300 is out of range",
+		exitBody(goodPod, strings.Replace(goodExit, `"exitCode":0`, `"exitCode":-1`, 1)):                                                     "needs an error",
+		exitBody(goodPod, strings.Replace(goodExit, `"restartCount":0`, `"restartCount":-1`, 1)):                                             "restartCount -1 is out of range",
+		exitBody(goodPod, strings.Replace(goodExit, `"restartCount":0`, `"restartCount":0,"backoffSeconds":301`, 1)):                         "backoffSeconds 301",
+		exitBody(goodPod, strings.Replace(goodExit, `"restartCount":0`, `"restartCount":0,"signal":"kill -9"`, 1)):                           "signal",
+		exitBody(goodPod, strings.Replace(goodExit, `"restartCount":0`, `"restartCount":0,"containerId":"`+strings.Repeat("f", 129)+`"`, 1)): "containerId is 129 bytes",
+		exitBody(goodPod, strings.Replace(goodExit, `07:00:00Z`, `05:00:00Z`, 1)):                                                            "finishedAt is before startedAt",
+		exitBody(goodPod, strings.Replace(goodExit, `"finishedAt":"2026-11-30T07:00:00Z",`, ``, 1)):                                          "finishedAt is missing",
+
 		`{`: "unexpected end",
 		`{"v":2,"kind":"sweep","instanceId":"i-0123456789abcdef0"}`:              "version 2",
 		`{"v":1,"kind":"sweep"}`:                                                 `instanceId "" is not an EC2 instance id`,
