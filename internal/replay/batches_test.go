@@ -143,16 +143,17 @@ func TestBigBatchShortDeadline(t *testing.T) {
 	}
 }
 
-// The apiserver answers every request 300 ms late and the reconciler has
-// a 10 s timeout: a batch writes the Pods it has time for and hands the
-// rest back at once. Nothing is lost and nothing counts as done that was
+// The apiserver answers every request 600 ms late and the reconciler has
+// a 10 s timeout: a batch of 200 Pods needs about 7.5 s of writes (32 at a
+// time, a patch and an Event each) and has 5 s for its work, so it writes
+// the Pods it has time for and hands the rest back at once. Nothing is lost and nothing counts as done that was
 // not: every Pod ends with its exit and every instance is terminated.
 func TestSlowAPIServerShortDeadline(t *testing.T) {
 	res := runBurst(t, "reaper-slowkube-ledger", BurstOptions{
 		Exits: 200, Scale: 4,
 		// A failed batch would come back after 6 × the timeout, as deployed.
 		Lab: LabOptions{Env: []string{timeoutEnv(10 * time.Second)}, BatchingWindow: 2 * time.Second, QueueVisibility: time.Minute},
-	}, func(b *Burst) { b.Kube.SetDelay(300 * time.Millisecond) })
+	}, func(b *Burst) { b.Kube.SetDelay(600 * time.Millisecond) })
 	wantAllEnded(t, res)
 	if deferred(res) == 0 {
 		t.Fatal("nothing was deferred: the deadline never bit")

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+
 	"github.com/reaper-k8s/reaper/internal/fakes"
+	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
@@ -202,5 +205,24 @@ func TestSweepBudget(t *testing.T) {
 	}
 	if sum.WaitingExit != written || len(q.Sent) != 0 {
 		t.Fatalf("summary %+v, sent %+v: want the %d records written waiting for their exit-wait window", sum, q.Sent, written)
+	}
+}
+
+// Work whose EC2 call was refused, or cut by the deadline while the SDK
+// waited to retry, waits for EC2 as work short of tokens does; work cut
+// by the deadline in flight, or short of time, comes back sooner.
+func TestWaitsForEC2(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("terminate: %w", instances.ErrNoTokens), true},
+		{fmt.Errorf("terminate: %w", &aws.RequestCanceledError{Err: context.DeadlineExceeded}), true},
+		{fmt.Errorf("terminate: %w", context.DeadlineExceeded), false},
+		{errNoTime, false},
+	} {
+		if got := waitsForEC2(tc.err); got != tc.want {
+			t.Errorf("%v: waits for EC2 %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

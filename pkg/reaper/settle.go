@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 
@@ -46,6 +47,21 @@ func (b *batchRun) settle(ctx context.Context) {
 		if e.view != nil {
 			b.logEntry(ctx, e)
 		}
+		if e.orphanConfirmed() {
+			b.countOrphan(e)
+		}
+	}
+}
+
+// countOrphan counts an orphan the batch terminated, or would have in a
+// dry run.
+func (b *batchRun) countOrphan(e *entry) {
+	switch e.term {
+	case instances.Terminating:
+		b.sum.Orphans++
+		b.Metrics.Count(metrics.OrphansTerminated, 1)
+	case instances.WouldTerminate:
+		b.sum.Orphans++
 	}
 }
 
@@ -145,7 +161,7 @@ func (b *batchRun) sendDeferred(ctx context.Context) {
 	groups := map[key][]*entry{}
 	for _, e := range b.entries {
 		if e.deferred != nil && !e.deadLetter() {
-			k := key{e.attempt + 1, errors.Is(e.deferred, instances.ErrNoTokens)}
+			k := key{e.attempt + 1, waitsForEC2(e.deferred)}
 			groups[k] = append(groups[k], e)
 		}
 	}
@@ -154,6 +170,16 @@ func (b *batchRun) sendDeferred(ctx context.Context) {
 		b.sum.Deferred += sent
 		b.Metrics.Count(metrics.WorkItemsDeferred, sent)
 	}
+}
+
+// waitsForEC2 says whether work deferred for err waits for EC2 to take
+// calls again (retryDelay's longer delays): its share of the tokens ran
+// short, or EC2 refused, or the deadline came while the SDK waited to
+// retry a call EC2 refused or failed (aws.RequestCanceledError). Asking
+// again at once would meet the same refusal.
+func waitsForEC2(err error) bool {
+	var canceled *aws.RequestCanceledError
+	return errors.Is(err, instances.ErrNoTokens) || errors.As(err, &canceled)
 }
 
 // sendDeadLetters sends the work of the entries on their last attempt to
