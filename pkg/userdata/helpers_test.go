@@ -491,6 +491,7 @@ type line struct {
 	backoff           int
 	err               string // substring
 	started, finished string // "" = the double's defaults; "now" = the wrapper's clock
+	token             string // "": the line carries none
 }
 
 const (
@@ -527,6 +528,9 @@ func checkLines(t *testing.T, pod Pod, got []map[string]any, want []line) {
 		}
 		if w.err != "" {
 			exp["error"] = w.err
+		}
+		if w.token != "" {
+			exp["token"] = w.token
 		}
 		for k, v := range exp {
 			gv, ok := g[k]

@@ -15,8 +15,10 @@ package userdata
 import (
 	"bytes"
 	"compress/gzip"
+	"crypto/rand"
 	_ "embed"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -177,12 +179,31 @@ type Options struct {
 	AllowHostNetwork bool
 	// TagKeys overrides the instance tag keys; empty fields keep defaults.
 	TagKeys model.TagKeys
+	// ExitToken is the launch's exit token, a secret of 32 to 128 letters,
+	// digits, - and _ (model.ValidExitToken): the wrapper's configuration,
+	// readable by root only, carries it and puts it in every exit line, and
+	// the instance carries only its hash, as the exit-token tag
+	// (TagKeys.ExitToken). Reaper then believes a line for the instance only
+	// when it carries the token, so another host cannot speak for this
+	// one's Pod. Launch draws a new one (NewExitToken) when it is empty;
+	// Render, WrapperConfig and Tags take it as it is, so give them the
+	// same one for one launch, and a new one for every launch. Without it
+	// the instance keeps the checks of the other tags alone.
+	ExitToken string
+}
+
+// NewExitToken draws a launch's exit token: 256 random bits, in hex.
+func NewExitToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails: crypto/rand crashes the program instead
+	return hex.EncodeToString(b)
 }
 
 // Tags returns the tags the provider writes on the instance at launch, for
 // the Pod of the cluster opts.Cluster: keys from opts.TagKeys (empty fields
-// take the defaults), and the cluster identity tag when opts.ClusterUID is
-// set. Launch checks pod and opts; Tags takes them as they are.
+// take the defaults), the cluster identity tag when opts.ClusterUID is set,
+// and the exit token's hash when opts.ExitToken is. Launch checks pod and
+// opts; Tags takes them as they are.
 func Tags(pod Pod, opts Options) map[string]string {
 	keys := opts.TagKeys.WithDefaults()
 	tags := map[string]string{
@@ -195,6 +216,9 @@ func Tags(pod Pod, opts Options) map[string]string {
 	if opts.ClusterUID != "" {
 		tags[keys.ClusterUID] = opts.ClusterUID
 	}
+	if opts.ExitToken != "" {
+		tags[keys.ExitToken] = model.ExitTokenHash(opts.ExitToken)
+	}
 	return tags
 }
 
@@ -205,7 +229,9 @@ type LaunchSettings struct {
 	// 16 KiB; cloud-init unpacks it).
 	UserData       string `json:"userData"`
 	UserDataBase64 string `json:"userDataBase64"`
-	// Tags go on the instance (TagSpecifications, resource type instance).
+	// Tags go on the instance (TagSpecifications, resource type instance),
+	// the exit token's hash among them; the token itself is in the
+	// user-data only.
 	Tags map[string]string `json:"tags"`
 	// InstanceInitiatedShutdownBehavior is always "terminate".
 	InstanceInitiatedShutdownBehavior string `json:"instanceInitiatedShutdownBehavior"`
@@ -220,8 +246,12 @@ type LaunchSettings struct {
 	MetadataTags string `json:"metadataTags"`
 }
 
-// Launch validates pod and opts and returns the launch settings.
+// Launch validates pod and opts and returns the launch settings, with a
+// new exit token (NewExitToken) unless opts.ExitToken is set.
 func Launch(pod Pod, opts Options) (LaunchSettings, error) {
+	if opts.ExitToken == "" {
+		opts.ExitToken = NewExitToken()
+	}
 	script, err := Render(pod, opts)
 	if err != nil {
 		return LaunchSettings{}, err
@@ -280,23 +310,26 @@ var (
 
 // Wrapper returns the supervisor script installed at WrapperPath. It is the
 // same for every Pod; WrapperConfig carries the Pod. It is
-// templates/wrapper.sh without its comment lines (EC2 limits user-data to
-// 16 KiB); shellcheck directives stay.
+// templates/wrapper.sh without its comment lines and indentation (EC2
+// limits user-data to 16 KiB); shellcheck directives stay.
 func Wrapper() string { return installedWrapper }
 
-var installedWrapper = stripComments(wrapperScript)
+var installedWrapper = compact(wrapperScript)
 
-func stripComments(s string) string {
+// compact drops the script's comment lines, but for shellcheck
+// directives, and the indentation of every line: the script has no
+// here-document or quoted string whose leading blanks matter.
+func compact(s string) string {
 	lines := strings.SplitAfter(s, "\n")
 	var b strings.Builder
 	b.WriteString(lines[0])
-	b.WriteString("# reaper-wrapper, from github.com/reaper-k8s/reaper pkg/userdata/templates/wrapper.sh (comments removed).\n")
+	b.WriteString("# reaper-wrapper, from github.com/reaper-k8s/reaper pkg/userdata/templates/wrapper.sh (comments and indentation removed).\n")
 	for _, l := range lines[1:] {
 		t := strings.TrimLeft(l, " \t")
 		if strings.HasPrefix(t, "#") && !strings.HasPrefix(t, "# shellcheck ") {
 			continue
 		}
-		b.WriteString(l)
+		b.WriteString(t)
 	}
 	return b.String()
 }
@@ -432,7 +465,7 @@ func (o Options) resolve() (resolved, error) {
 		if o.TagKeys.PodWritten == "" {
 			errs = append(errs, fmt.Errorf("shutdown mode %s needs TagKeys.PodWritten, the REAPER_TAG_POD_WRITTEN of the Reaper deployment", ShutdownWhenPodWritten))
 		}
-		for _, k := range []string{keys.Managed, keys.PodNamespace, keys.PodName, keys.PodUID, keys.Cluster, keys.ClusterUID, keys.PodWritten} {
+		for _, k := range []string{keys.Managed, keys.PodNamespace, keys.PodName, keys.PodUID, keys.Cluster, keys.ClusterUID, keys.ExitToken, keys.PodWritten} {
 			if k != "" && !model.ValidMetadataTagKey(k) {
 				errs = append(errs, fmt.Errorf("shutdown mode %s shows the instance's tags in its metadata, where tag key %q cannot be (letters, digits and + - = . , _ : @ only): set TagKeys, and Reaper's REAPER_TAG_* to match", ShutdownWhenPodWritten, k))
 			}
@@ -461,10 +494,14 @@ func (o Options) resolve() (resolved, error) {
 		}
 	}
 	keys := o.TagKeys.WithDefaults()
-	for _, k := range []string{keys.Managed, keys.PodNamespace, keys.PodName, keys.PodUID, keys.Cluster, keys.ClusterUID} {
+	for _, k := range []string{keys.Managed, keys.PodNamespace, keys.PodName, keys.PodUID, keys.Cluster, keys.ClusterUID, keys.ExitToken} {
 		if len(k) > 128 || strings.HasPrefix(strings.ToLower(k), "aws:") || !utf8.ValidString(k) {
 			errs = append(errs, fmt.Errorf("tag key %q is not a valid EC2 tag key", k))
 		}
+	}
+	if o.ExitToken != "" && !model.ValidExitToken(o.ExitToken) {
+		// Never quoted: it is a secret.
+		errs = append(errs, errors.New("exit token is not 32 to 128 letters, digits, - or _ (NewExitToken draws one)"))
 	}
 	if o.ClusterUID != "" && !kubeUID.MatchString(o.ClusterUID) {
 		errs = append(errs, fmt.Errorf("cluster UID %q is not a UID as the apiserver writes it (lower-case UUID): set it to the metadata.uid of the cluster's kube-system namespace", o.ClusterUID))
@@ -591,7 +628,9 @@ func runArgs(pod Pod, opts Options) []string {
 	return append(a, pod.Args...)
 }
 
-// WrapperConfig returns the shell file the wrapper reads (ConfigPath).
+// WrapperConfig returns the shell file the wrapper reads (ConfigPath): the
+// Pod, the options and the exit token, which is why the user-data writes
+// it readable by root only.
 func WrapperConfig(pod Pod, opts Options) (string, error) {
 	if err := pod.Validate(); err != nil {
 		return "", err
@@ -632,6 +671,7 @@ func wrapperConfig(pod Pod, r resolved) string {
 		{"REAPER_EXIT_LOG", shq(r.ExitLogPath)},
 		{"REAPER_CLI", shq(r.ContainerCLI)},
 		{"REAPER_POD_JSON", shq(string(bytes.TrimSuffix(bytes.TrimPrefix(podJSON, []byte("{")), []byte("}"))))},
+		{"REAPER_EXIT_TOKEN", shq(r.ExitToken)},
 	} {
 		b.WriteString(kv[0] + "=" + kv[1] + "\n")
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,6 +53,9 @@ func hostileOptions() Options {
 // testCluster is the cluster of the test Pods.
 const testCluster = "prod-eu-1"
 
+// testExitToken is an exit token as NewExitToken draws them.
+const testExitToken = "9c0d6b1e2f3a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9012345678"
+
 func podmanPod() Pod {
 	return Pod{Namespace: "web", Name: "server", UID: "11111111-2222-4333-8444-555555555555",
 		Container: "nginx", Image: "docker.io/library/nginx:1.27"}
@@ -62,7 +66,7 @@ var goldenCases = []struct {
 	pod  func() Pod
 	opts Options
 }{
-	{"basic", func() Pod { return jobPod(RestartNever) }, Options{Cluster: testCluster}},
+	{"basic", func() Pod { return jobPod(RestartNever) }, Options{Cluster: testCluster, ExitToken: testExitToken}},
 	{"hostile", hostilePod, hostileOptions()},
 	{"podman", podmanPod, Options{Cluster: testCluster, ContainerCLI: "podman"}},
 }
@@ -221,6 +225,11 @@ func TestUserdataInstalls(t *testing.T) {
 			lines := h.lines()
 			if len(lines) != 1 || lines[0]["exitCode"] != json.Number("0") {
 				t.Errorf("exit lines: %v", lines)
+			}
+			// The launch's exit token, from the configuration the
+			// user-data wrote for root alone, is in the line.
+			if token, _ := lines[0]["token"].(string); token != opts.ExitToken {
+				t.Errorf("exit line token %q, want %q", token, opts.ExitToken)
 			}
 		})
 	}
@@ -503,6 +512,89 @@ func TestTags(t *testing.T) {
 	}
 }
 
+// configToken is the exit token the wrapper's configuration in a user-data
+// carries, as sh reads it.
+var configToken = regexp.MustCompile(`(?m)^REAPER_EXIT_TOKEN='([^']*)'$`)
+
+// tokenOf is the exit token of the user-data script, failing when there is
+// not exactly one.
+func tokenOf(t *testing.T, script string) string {
+	t.Helper()
+	m := configToken.FindAllStringSubmatch(script, -1)
+	if len(m) != 1 {
+		t.Fatalf("%d exit token settings in the user-data, want 1", len(m))
+	}
+	return m[0][1]
+}
+
+// The exit token: Launch draws a new one for every launch, puts it in the
+// wrapper's configuration and its hash in the tags, and never anywhere
+// else; a token given in the options is used as it is; Tags and Render
+// without one give neither; a malformed one is refused without being
+// quoted; and with the instance's tags in its metadata the token's tag key
+// must be one the metadata can show.
+func TestExitToken(t *testing.T) {
+	t.Parallel()
+	p := jobPod(RestartNever)
+	first, err := Launch(p, Options{Cluster: testCluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := Launch(p, Options{Cluster: testCluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := tokenOf(t, first.UserData)
+	if !model.ValidExitToken(token) || tokenOf(t, second.UserData) == token {
+		t.Errorf("launches drew the tokens %q and %q: want two valid, different ones", token, tokenOf(t, second.UserData))
+	}
+	if got := first.Tags[model.DefaultTagExitToken]; got != model.ExitTokenHash(token) || len(first.Tags) != 6 {
+		t.Errorf("launch tags %v, want %s=%s among 6", first.Tags, model.DefaultTagExitToken, model.ExitTokenHash(token))
+	}
+	if strings.Count(first.UserData, token) != 1 {
+		t.Errorf("the user-data carries the token %d times, want once (the configuration)", strings.Count(first.UserData, token))
+	}
+	if js, _ := json.Marshal(first.Tags); strings.Contains(string(js), token) {
+		t.Errorf("the tags carry the token: %s", js)
+	}
+
+	given, err := Launch(p, Options{Cluster: testCluster, ExitToken: testExitToken, TagKeys: model.TagKeys{ExitToken: "x/exit-token"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tokenOf(t, given.UserData) != testExitToken || given.Tags["x/exit-token"] != model.ExitTokenHash(testExitToken) {
+		t.Errorf("launch with a token: user-data token %q, tags %v", tokenOf(t, given.UserData), given.Tags)
+	}
+
+	none, err := Render(p, Options{Cluster: testCluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tokenOf(t, none) != "" {
+		t.Errorf("Render without a token rendered %q", tokenOf(t, none))
+	}
+	if _, ok := Tags(p, Options{Cluster: testCluster})[model.DefaultTagExitToken]; ok {
+		t.Errorf("Tags without a token gave its tag")
+	}
+
+	for _, bad := range []string{testExitToken[:31], testExitToken + "'; reboot; '" + testExitToken, strings.Repeat(testExitToken, 3), testExitToken[:40] + " x"} {
+		_, errLaunch := Launch(p, Options{Cluster: testCluster, ExitToken: bad})
+		_, errConfig := WrapperConfig(p, Options{ExitToken: bad})
+		for name, err := range map[string]error{"Launch": errLaunch, "WrapperConfig": errConfig} {
+			if err == nil || !strings.Contains(err.Error(), "exit token") || strings.Contains(err.Error(), bad[:20]) {
+				t.Errorf("%s with exit token %q: %v, want an error that does not quote it", name, bad, err)
+			}
+		}
+	}
+
+	keys := model.TagKeys{Managed: "reaper.io:managed", Cluster: "reaper.io:cluster", PodNamespace: "reaper.io:pod-namespace",
+		PodName: "reaper.io:pod-name", PodUID: "reaper.io:pod-uid", ClusterUID: "reaper.io:cluster-uid", PodWritten: "reaper.io:pod-written"}
+	if _, err := Launch(p, Options{Cluster: testCluster, ShutdownMode: ShutdownWhenPodWritten, TagKeys: keys}); err == nil ||
+		!strings.Contains(err.Error(), `tag key "reaper.io/exit-token-sha256" cannot be`) {
+		t.Errorf("when-pod-written with the default exit-token key: %v, want it refused", err)
+	}
+}
+
 // testClusterUID is the UID of the test cluster's kube-system namespace.
 const testClusterUID = "3f2a9c1e-7b4d-4e8f-9a6b-1c2d3e4f5a6b"
 
@@ -517,8 +609,8 @@ func TestClusterUIDTag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ls.Tags["reaper.io/cluster-uid"] != testClusterUID || len(ls.Tags) != 6 {
-		t.Errorf("launch tags %v, want reaper.io/cluster-uid=%s among 6", ls.Tags, testClusterUID)
+	if ls.Tags["reaper.io/cluster-uid"] != testClusterUID || len(ls.Tags) != 7 {
+		t.Errorf("launch tags %v, want reaper.io/cluster-uid=%s among 7 (with the exit token's)", ls.Tags, testClusterUID)
 	}
 	tags := Tags(p, Options{Cluster: testCluster, ClusterUID: testClusterUID, TagKeys: model.TagKeys{ClusterUID: "x/cluster-uid"}})
 	if tags["x/cluster-uid"] != testClusterUID || tags["reaper.io/cluster-uid"] != "" {
@@ -528,7 +620,7 @@ func TestClusterUIDTag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := ls.Tags["reaper.io/cluster-uid"]; ok || len(ls.Tags) != 5 {
+	if _, ok := ls.Tags["reaper.io/cluster-uid"]; ok || len(ls.Tags) != 6 {
 		t.Errorf("launch tags without a cluster UID: %v, want no identity tag", ls.Tags)
 	}
 	for _, bad := range []string{"kube-system", "3F2A9C1E-7B4D-4E8F-9A6B-1C2D3E4F5A6B", " " + testClusterUID, testClusterUID + "\n", "3f2a9c1e7b4d4e8f9a6b1c2d3e4f5a6b"} {
@@ -695,7 +787,8 @@ func TestLaunchWhenPodWritten(t *testing.T) {
 		t.Fatalf("default launch: metadata tags %q, %v", ls.MetadataTags, err)
 	}
 	keys := model.TagKeys{Managed: "reaper.io:managed", Cluster: "reaper.io:cluster", PodNamespace: "reaper.io:pod-namespace",
-		PodName: "reaper.io:pod-name", PodUID: "reaper.io:pod-uid", ClusterUID: "reaper.io:cluster-uid", PodWritten: "reaper.io:pod-written"}
+		PodName: "reaper.io:pod-name", PodUID: "reaper.io:pod-uid", ClusterUID: "reaper.io:cluster-uid", ExitToken: "reaper.io:exit-token-sha256",
+		PodWritten: "reaper.io:pod-written"}
 	ls, err = Launch(p, Options{Cluster: testCluster, ShutdownMode: ShutdownWhenPodWritten, TagKeys: keys})
 	if err != nil {
 		t.Fatal(err)

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
@@ -219,6 +221,39 @@ func TestWrapperOnFailure(t *testing.T) {
 			"docker run reaper-main-0", "docker rm " + fakeCID(1), "sleep 0.01",
 			"docker run reaper-main-1", "sleep 0.001", "shutdown -P now",
 		})
+	})
+}
+
+// Every line carries the launch's exit token from the configuration, as
+// Reaper's parser reads it, and it hashes to the exit-token tag the
+// instance is launched with; the wrapper's own log never shows it.
+func TestWrapperExitToken(t *testing.T) {
+	eachShell(t, func(t *testing.T, sh string) {
+		pod := jobPod(RestartOnFailure)
+		opts := Options{Cluster: testCluster, ExitToken: testExitToken}
+		h := newHarness(t, pod, opts, fakeRun{Exit: 1}, fakeRun{Exit: 0})
+		h.run(sh, Wrapper())
+		checkLines(t, pod, h.lines(), []line{
+			{run: 1, code: 1, will: true, backoff: 10, token: testExitToken},
+			{run: 2, code: 0, restart: 1, token: testExitToken},
+		})
+		raw, err := os.ReadFile(h.exit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tag := Tags(pod, opts)[model.DefaultTagExitToken]
+		for _, l := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+			parsed, err := exitline.Parse([]byte(l))
+			if err != nil || parsed.TokenHash() != tag {
+				t.Errorf("Reaper reads the token hash %q (%v), the instance's tag is %q:\n%s", parsed.TokenHash(), err, tag, l)
+			}
+		}
+		if n := strings.Count(h.stderr, "reaper-wrapper: exit line: {"); n != 2 {
+			t.Errorf("the wrapper logged %d exit lines, want 2:\n%s", n, h.stderr)
+		}
+		if strings.Contains(h.stderr, testExitToken) {
+			t.Errorf("the wrapper's log shows the token:\n%s", h.stderr)
+		}
 	})
 }
 
@@ -632,7 +667,8 @@ func TestWrapperPowerOffWhenPodWritten(t *testing.T) {
 	t.Parallel()
 	const tag = "reaper.io:pod-written"
 	keys := model.TagKeys{Managed: "reaper.io:managed", Cluster: "reaper.io:cluster", PodNamespace: "reaper.io:pod-namespace",
-		PodName: "reaper.io:pod-name", PodUID: "reaper.io:pod-uid", ClusterUID: "reaper.io:cluster-uid", PodWritten: tag}
+		PodName: "reaper.io:pod-name", PodUID: "reaper.io:pod-uid", ClusterUID: "reaper.io:cluster-uid", ExitToken: "reaper.io:exit-token-sha256",
+		PodWritten: tag}
 	for _, tc := range []struct {
 		name     string
 		taggedAt int // the tag read that first finds it (0: never)

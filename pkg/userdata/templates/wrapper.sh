@@ -18,6 +18,10 @@
 # the line that uses it: the state file holds N+1 before line N is written,
 # so after a kill at any point no line reuses a count.
 #
+# Each line carries the launch's exit token (REAPER_EXIT_TOKEN in the
+# configuration), when it has one: the proof that the line comes from this
+# instance's host. The wrapper's own log never shows it.
+#
 # Configuration: the file named by $1 or REAPER_CONFIG (default
 # /etc/reaper/workload.conf), written by the Reaper user-data.
 # Knobs from the environment [default]:
@@ -50,7 +54,7 @@ fmt='{{.State.Status}}|{{.State.ExitCode}}|{{.State.OOMKilled}}|{{.State.Started
 # Defaults, so that the host still powers off when the configuration is bad.
 REAPER_CLI=docker REAPER_SHUTDOWN_DELAY=600 REAPER_MAX_RESTARTS=0 REAPER_SHUTDOWN_MODE=when-shipped REAPER_POD_WRITTEN_TAG=''
 REAPER_EXIT_LOG=/var/log/reaper/exit.log REAPER_CONTAINER='' REAPER_IMAGE=''
-REAPER_RESTART_POLICY='' REAPER_POD_JSON='' REAPER_RUN_ARGS=''
+REAPER_RESTART_POLICY='' REAPER_POD_JSON='' REAPER_RUN_ARGS='' REAPER_EXIT_TOKEN=''
 
 log() { printf 'reaper-wrapper: %s\n' "$*" >&2; }
 
@@ -251,11 +255,14 @@ emit() {
 	[ -n "${2:-}" ] && line="$line,\"backoffSeconds\":$2"
 	[ -n "$err" ] && line="$line,\"error\":$(json_str "$(printf '%s' "$err" | cut -c1-400)")"
 	line="$line}"
+	# The token goes in the exit log only, never in the wrapper's own log.
+	record=$line
+	[ -n "$REAPER_EXIT_TOKEN" ] && record="${line%\}},\"token\":$(json_str "$REAPER_EXIT_TOKEN")}"
 	mkdir -p "${REAPER_EXIT_LOG%/*}"
 	s0=$(size "$REAPER_EXIT_LOG")
 	v0=$(agent_offset) || v0=0
 	# One write per line: lines never interleave.
-	if ! printf '%s\n' "$line" >>"$REAPER_EXIT_LOG"; then
+	if ! printf '%s\n' "$record" >>"$REAPER_EXIT_LOG"; then
 		log "cannot append to $REAPER_EXIT_LOG"
 	elif [ "$1" = false ] && [ "$REAPER_SHUTDOWN_MODE" = when-shipped ]; then
 		# An offset past the file's end belongs to an earlier file of that
