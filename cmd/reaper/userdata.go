@@ -40,6 +40,15 @@ need it. -cluster-uid adds the cluster identity tag: the UID of the cluster's
 kube-system namespace. Reaper treats an instance as an orphan only when that
 tag equals the identity of the apiserver it reaches.
 
+-exit-token-file names a file holding the launch's exit token, a secret of
+32 to 128 letters, digits, - and _ (openssl rand -hex 32 makes one): a new
+one for every launch, and the same file for every output of that launch.
+-o userdata and -o config put it in the wrapper's configuration, which puts
+it in every exit line; -o tags gives its hash, as the exit-token tag, and
+Reaper then believes a line for the instance only when it carries the token.
+Without the file -o launch draws a token itself, and the other outputs
+carry none: the instance then keeps the checks of the other tags alone.
+
 -shutdown-mode says when the host powers itself off after the Pod's final
 exit line:
   when-shipped      once the CloudWatch agent has shipped the line (default)
@@ -80,7 +89,8 @@ func runUserdata(_ context.Context, args []string) error {
 		opts                                                  userdata.Options
 		command, podArgs, env, runArgs                        userdataList
 		tagManaged, tagNamespace, tagName, tagUID, tagCluster string
-		tagClusterUID, tagPodWritten                          string
+		tagClusterUID, tagExitToken, tagPodWritten            string
+		exitTokenFile                                         string
 	)
 	fs.StringVar(&file, "f", "", "Pod JSON file (- for stdin)")
 	fs.StringVar(&output, "o", "userdata", "what to print (see above)")
@@ -98,6 +108,8 @@ func runUserdata(_ context.Context, args []string) error {
 	fs.StringVar(&opts.ClusterUID, "cluster-uid", "",
 		"the UID of the cluster's kube-system namespace, for the cluster identity tag (kubectl get namespace kube-system -o jsonpath='{.metadata.uid}'); "+
 			"without it Reaper never terminates the instance as an orphan")
+	fs.StringVar(&exitTokenFile, "exit-token-file", "",
+		"file holding the launch's exit token (see above); without it -o launch draws one and the other outputs carry none")
 	fs.StringVar(&opts.LogGroup, "log-group", "", "CloudWatch Logs group for exit lines (default /reaper/<cluster>/exits)")
 	fs.StringVar(&opts.ExitLogPath, "exit-log", userdata.DefaultExitLogPath, "exit log file on the instance")
 	fs.StringVar(&opts.ContainerCLI, "container-cli", userdata.DefaultContainerCLI, "docker-compatible CLI on the instance")
@@ -114,6 +126,7 @@ func runUserdata(_ context.Context, args []string) error {
 	fs.StringVar(&tagUID, "tag-key-uid", model.DefaultTagPodUID, "tag key for the Pod UID")
 	fs.StringVar(&tagCluster, "tag-key-cluster", model.DefaultTagCluster, "tag key for the cluster")
 	fs.StringVar(&tagClusterUID, "tag-key-cluster-uid", model.DefaultTagClusterUID, "tag key for the cluster identity")
+	fs.StringVar(&tagExitToken, "tag-key-exit-token", model.DefaultTagExitToken, "tag key for the exit token's hash")
 	fs.StringVar(&tagPodWritten, "tag-key-pod-written", "",
 		"tag key Reaper puts on the instance once it has written the Pod (REAPER_TAG_POD_WRITTEN); -shutdown-mode "+userdata.ShutdownWhenPodWritten+" waits for it")
 	if err := fs.Parse(args); err != nil {
@@ -165,7 +178,14 @@ func runUserdata(_ context.Context, args []string) error {
 	}
 	opts.DockerRunArgs = runArgs
 	opts.TagKeys = model.TagKeys{Managed: tagManaged, PodNamespace: tagNamespace, PodName: tagName, PodUID: tagUID, Cluster: tagCluster,
-		ClusterUID: tagClusterUID, PodWritten: tagPodWritten}
+		ClusterUID: tagClusterUID, ExitToken: tagExitToken, PodWritten: tagPodWritten}
+	if exitTokenFile != "" {
+		b, err := os.ReadFile(exitTokenFile)
+		if err != nil {
+			return err
+		}
+		opts.ExitToken = strings.TrimSpace(string(b))
+	}
 	if opts.Cluster == "" && (output == "userdata" || output == "tags" || output == "launch") {
 		return fmt.Errorf("-o %s needs -cluster: the name of the Pod's cluster, as in REAPER_CLUSTER of its Reaper deployment", output)
 	}
@@ -179,8 +199,8 @@ func runUserdata(_ context.Context, args []string) error {
 		return err
 	}
 	mode := os.FileMode(0o644)
-	if output == "config" || output == "env-file" || output == "launch" {
-		mode = 0o600 // the container's environment
+	if output == "userdata" || output == "config" || output == "env-file" || output == "launch" {
+		mode = 0o600 // the container's environment, the exit token
 	}
 	return os.WriteFile(out, []byte(text), mode)
 }
@@ -236,12 +256,13 @@ func renderUserdataOutput(output string, pod userdata.Pod, opts userdata.Options
 		}
 		return asJSON(a)
 	case "tags":
-		// Through Launch, which checks the cluster and the tag keys.
-		ls, err := userdata.Launch(pod, opts)
-		if err != nil {
+		// Checked as Launch checks them (the cluster, the tag keys), but
+		// with no token drawn: its secret would be lost, and the user-data
+		// would not carry it.
+		if _, err := userdata.Render(pod, opts); err != nil {
 			return "", err
 		}
-		return asJSON(ls.Tags)
+		return asJSON(userdata.Tags(pod, opts))
 	case "launch":
 		ls, err := userdata.Launch(pod, opts)
 		if err != nil {

@@ -5,9 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 var userdataPodFlags = []string{"-namespace", "batch", "-name", "installer-7xk2p",
@@ -134,7 +137,7 @@ var metadataTagKeyFlags = []string{
 	"-tag-key-managed", "reaper.io:managed", "-tag-key-namespace", "reaper.io:pod-namespace",
 	"-tag-key-name", "reaper.io:pod-name", "-tag-key-uid", "reaper.io:pod-uid",
 	"-tag-key-cluster", "reaper.io:cluster", "-tag-key-cluster-uid", "reaper.io:cluster-uid",
-	"-tag-key-pod-written", "reaper.io:pod-written",
+	"-tag-key-exit-token", "reaper.io:exit-token-sha256", "-tag-key-pod-written", "reaper.io:pod-written",
 }
 
 // Every shutdown mode renders through the CLI, so a provider not written in
@@ -199,10 +202,94 @@ func TestUserdataCLIShutdownModes(t *testing.T) {
 			if out := render("launch"); json.Unmarshal([]byte(out), &ls) != nil {
 				t.Fatalf("-o launch is not JSON:\n%s", out)
 			}
-			if ls.MetadataTags != tc.metaTags || ls.Tags[tc.clusterTagKey] != "prod-eu-1" || len(ls.Tags) != 6 {
-				t.Errorf("-o launch: metadataTags %q (want %q), tags %v (want 6, %s=prod-eu-1)", ls.MetadataTags, tc.metaTags, ls.Tags, tc.clusterTagKey)
+			if ls.MetadataTags != tc.metaTags || ls.Tags[tc.clusterTagKey] != "prod-eu-1" || len(ls.Tags) != 7 {
+				t.Errorf("-o launch: metadataTags %q (want %q), tags %v (want 7, %s=prod-eu-1)", ls.MetadataTags, tc.metaTags, ls.Tags, tc.clusterTagKey)
 			}
 		})
+	}
+}
+
+// -exit-token-file gives every output of one launch the same token: the
+// configuration carries it (read by sh, as the wrapper reads it), the tags
+// its hash, and the files that carry it are the owner's alone. -o launch
+// takes it too, and draws one without it, consistent between its user-data
+// and tags; -o tags never draws one, whose secret no user-data would carry.
+// A malformed token is refused without being printed.
+func TestUserdataCLIExitToken(t *testing.T) {
+	token := strings.Repeat("c0ffee", 10) + "beef"
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"-cluster", "prod-eu-1", "-exit-token-file", file}, userdataPodFlags...)
+	out, err := runUserdataCLI(t, append([]string{"-o", "config"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sourceConfig(t, out, "REAPER_EXIT_TOKEN"); got[0] != token {
+		t.Errorf("-o config: REAPER_EXIT_TOKEN=%q, want the file's token", got[0])
+	}
+	tags := map[string]string{}
+	if out, err = runUserdataCLI(t, append([]string{"-o", "tags"}, args...)...); err != nil || json.Unmarshal([]byte(out), &tags) != nil {
+		t.Fatalf("-o tags: %v\n%s", err, out)
+	}
+	if tags["reaper.io/exit-token-sha256"] != model.ExitTokenHash(token) || strings.Contains(out, token) {
+		t.Errorf("-o tags: %v, want the token's hash and not the token", tags)
+	}
+
+	launchToken := func(extra ...string) (token, hash string) {
+		t.Helper()
+		out, err := runUserdataCLI(t, append(append([]string{"-o", "launch", "-cluster", "prod-eu-1"}, userdataPodFlags...), extra...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ls struct {
+			UserData string            `json:"userData"`
+			Tags     map[string]string `json:"tags"`
+		}
+		if err := json.Unmarshal([]byte(out), &ls); err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`(?m)^REAPER_EXIT_TOKEN='([^']*)'$`).FindStringSubmatch(ls.UserData)
+		if m == nil {
+			t.Fatalf("-o launch %v: no exit token in the user-data", extra)
+		}
+		return m[1], ls.Tags["reaper.io/exit-token-sha256"]
+	}
+	if got, hash := launchToken("-exit-token-file", file); got != token || hash != model.ExitTokenHash(token) {
+		t.Errorf("-o launch -exit-token-file: token %q, tag %q", got, hash)
+	}
+	drawn, hash := launchToken()
+	if drawn == token || !model.ValidExitToken(drawn) || hash != model.ExitTokenHash(drawn) {
+		t.Errorf("-o launch without a token: drew %q, tag %q", drawn, hash)
+	}
+	tags = map[string]string{}
+	if out, err = runUserdataCLI(t, append([]string{"-o", "tags", "-cluster", "prod-eu-1"}, userdataPodFlags...)...); err != nil || json.Unmarshal([]byte(out), &tags) != nil {
+		t.Fatalf("-o tags: %v\n%s", err, out)
+	}
+	if _, ok := tags["reaper.io/exit-token-sha256"]; ok {
+		t.Errorf("-o tags without a token: %v, want no exit-token tag", tags)
+	}
+
+	for _, o := range []string{"userdata", "config", "launch"} {
+		out := filepath.Join(t.TempDir(), "out")
+		if err := runUserdata(t.Context(), append([]string{"-o", o, "-out", out}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("-o %s -out: mode %v, want 0600: it carries the token", o, fi.Mode().Perm())
+		}
+	}
+
+	if err := os.WriteFile(file, []byte(token[:20]+" "+token[:20]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runUserdataCLI(t, append([]string{"-o", "config"}, args...)...); err == nil || !strings.Contains(err.Error(), "exit token") || strings.Contains(err.Error(), token[:20]) {
+		t.Errorf("a malformed token: %v, want an error that does not print it", err)
 	}
 }
 
@@ -215,7 +302,7 @@ func TestUserdataCLIShutdownModeRefusals(t *testing.T) {
 		want string
 	}{
 		{"unknown mode", []string{"-shutdown-mode", "when-done"}, `shutdown mode "when-done" is not when-shipped, when-pod-written or after-delay`},
-		{"no pod-written tag", append([]string{"-shutdown-mode", "when-pod-written"}, metadataTagKeyFlags[:12]...), "needs TagKeys.PodWritten"},
+		{"no pod-written tag", append([]string{"-shutdown-mode", "when-pod-written"}, metadataTagKeyFlags[:len(metadataTagKeyFlags)-2]...), "needs TagKeys.PodWritten"},
 		{"default keys with a slash", []string{"-shutdown-mode", "when-pod-written", "-tag-key-pod-written", "reaper.io:pod-written"}, `tag key "reaper.io/managed" cannot be`},
 	} {
 		if _, err := runUserdataCLI(t, append(base, tc.args...)...); err == nil || !strings.Contains(err.Error(), tc.want) {
