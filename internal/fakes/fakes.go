@@ -347,6 +347,12 @@ func (w *World) Terminate(_ context.Context, ids []string, _ map[string]instance
 		out.Outcome[id] = instances.Terminating
 		if w.Protected[id] {
 			out.Outcome[id], out.Refusals[id] = instances.Refused, "OperationNotPermitted"
+			continue
+		}
+		// As EC2 does: it is shutting down from now on.
+		if inst, ok := w.Instances[id]; ok && !model.IsEnding(inst.State) {
+			inst.State = model.StateShuttingDown
+			w.Instances[id] = inst
 		}
 	}
 	return out
@@ -357,6 +363,9 @@ func (w *World) ListOwned(_ context.Context, fn func(instances.Instance) error) 
 	var owned []instances.Instance
 	for _, i := range w.Instances {
 		if i.Owned {
+			if w.Now != nil {
+				i.DescribedAt = w.Now()
+			}
 			owned = append(owned, i)
 		}
 	}

@@ -85,6 +85,10 @@ const (
 	// SweepLeftOver: ledger writes a sweep had no time for, left to the
 	// next sweep.
 	SweepLeftOver = "SweepLeftOver"
+	// UnknownInstancesRemembered: exit claims for instances EC2 answered
+	// lately it does not know, taken as unknown without a call (a flood
+	// of made-up instance ids).
+	UnknownInstancesRemembered = "UnknownInstancesRemembered"
 	// WorkItemsFailed: instances the reconciler returned as batch item
 	// failures; SQS delivers them again after the visibility timeout.
 	WorkItemsFailed = "WorkItemsFailed"
@@ -149,6 +153,7 @@ var Definitions = []Definition{
 	{WorkItemsFailed, Count, "", "Instances returned to the queue as failures"},
 	{WorkDeadLettered, Count, "", "Instances whose work went to the dead-letter queue"},
 	{SweepLeftOver, Count, "", "Sweep ledger writes left to the next sweep"},
+	{UnknownInstancesRemembered, Count, "", "Claims of instances EC2 lately did not know"},
 	{FinishToRecorded, Milliseconds, "", "Container finish to ledger record"},
 	{FinishToPodTerminal, Milliseconds, "", "Container finish to Pod terminal status"},
 	{FinishToTerminated, Milliseconds, "", "Container finish to TerminateInstances accepted"},

@@ -67,6 +67,10 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 		switch it.Kind {
 		case workqueue.KindExit:
 			if reason := trust(*it.Pod, e.ec2, rec); reason != "" {
+				if reason == model.ReasonInstanceUnknown && it.Checks+1 < unknownChecks {
+					b.checkAgain(it.Message)
+					continue
+				}
 				if err := b.rejectClaim(ctx, e, *it.Pod, reason); err != nil {
 					return err
 				}
@@ -90,7 +94,7 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 			}
 			rec, reconcile = &next, true
 			b.Metrics.Observe(metrics.FinishToRecorded, b.Now().Sub(it.Exit.FinishedAt))
-		case workqueue.KindSweep:
+		case workqueue.KindSweep, workqueue.KindStillRunning:
 			reconcile = reconcile || rec != nil
 		}
 	}
@@ -281,6 +285,19 @@ func newestState(items []workqueue.Item) *ledger.StateChange {
 // from EC2's own listing.
 const stateChecks = 5
 
+// unknownChecks is how often an exit claim for an instance EC2 does not
+// list (and the ledger does not know) is checked before it is refused:
+// EC2's answers are eventually consistent, and a new instance may be
+// missing from them for a while. DeferDelay apart, the checks span a
+// minute. A made-up instance id is then refused, logged and counted.
+const unknownChecks = 3
+
+// checkAgain sends m again, DeferDelay later, checked once more.
+func (b *batchRun) checkAgain(m workqueue.Message) {
+	m.Checks++
+	b.count(func(*BatchSummary) { b.rechecks = append(b.rechecks, m) })
+}
+
 // recheck has the entry's state messages that claim it gone while EC2
 // describes it running sent again, DeferDelay later, each checked once
 // more, and refuses those checked stateChecks times already.
@@ -290,9 +307,7 @@ func (b *batchRun) recheck(ctx context.Context, e *entry, items []workqueue.Item
 			continue
 		}
 		if it.Checks+1 < stateChecks {
-			m := it.Message
-			m.Checks++
-			b.count(func(*BatchSummary) { b.rechecks = append(b.rechecks, m) })
+			b.checkAgain(it.Message)
 			continue
 		}
 		b.Metrics.By(metrics.Reason(model.ReasonNotConfirmed)).Count(metrics.StateChangesRefused, 1)

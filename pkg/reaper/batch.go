@@ -25,6 +25,12 @@ type BatchSummary struct {
 	Invalid int `json:"invalid"`
 	// Lookups are the instances described.
 	Lookups int `json:"lookups"`
+	// UnknownRemembered are claims for instances EC2 answered lately it
+	// does not know, taken as unknown without a call.
+	UnknownRemembered int `json:"unknownRemembered"`
+	// RechecksHeldBack are claims for instances EC2 did not know, checked
+	// again, beyond those a batch describes (maxRechecks): deferred.
+	RechecksHeldBack int `json:"rechecksHeldBack"`
 	// Skipped instances are not this deployment's, or unknown to EC2 and
 	// to the ledger.
 	Skipped    int `json:"skipped"`
@@ -89,7 +95,8 @@ func (r *Reaper) HandleQueueEvent(ctx context.Context, ev events.SQSEvent) (even
 	r.Metrics.Count(metrics.WorkItemsFailed, sum.Failed)
 	r.Log.LogAttrs(ctx, sum.level(), "batch",
 		slog.Int("messages", sum.Messages), slog.Int("instances", sum.Instances), slog.Int("invalid", sum.Invalid),
-		slog.Int("lookups", sum.Lookups), slog.Int("skipped", sum.Skipped), slog.Int("rejected", sum.Rejected),
+		slog.Int("lookups", sum.Lookups), slog.Int("unknownRemembered", sum.UnknownRemembered), slog.Int("rechecksHeldBack", sum.RechecksHeldBack),
+		slog.Int("skipped", sum.Skipped), slog.Int("rejected", sum.Rejected),
 		slog.Int("reconciled", sum.Reconciled), slog.Int("patched", sum.Patched), slog.Int("terminated", sum.Terminated),
 		slog.Int("orphans", sum.Orphans), slog.Int("deferred", sum.Deferred), slog.Int("deadLettered", sum.DeadLettered),
 		slog.Int("failed", sum.Failed))

@@ -101,6 +101,11 @@ func Decide(rec ledger.Record, ec2 *instances.Instance, now time.Time, p Policy)
 	if rec.Gone != nil && (rec.Exit == nil || !rec.Exit.Terminal()) && now.Before(rec.GoneSince().Add(p.ExitWait)) {
 		plan.WaitUntil, plan.Why = rec.GoneSince().Add(p.ExitWait), "exit-wait window open"
 	}
+	if stillRunning(rec, ec2) {
+		plan.End, plan.EndUnwritten = End{Now: true}, End{Now: true}
+		plan.DueSince, plan.Why = rec.Terminated.Add(terminateTakes), "still running after its terminate"
+		return plan
+	}
 	if !rec.Terminated.IsZero() || !wantTerminated(rec, p) {
 		return plan
 	}
@@ -131,6 +136,19 @@ func Decide(rec ledger.Record, ec2 *instances.Instance, now time.Time, p Policy)
 }
 
 var lostKey = model.Outcome{}.Key()
+
+// terminateTakes is how long after TerminateInstances accepted an instance
+// EC2 may still describe it running: its answers are eventually
+// consistent, and an instance is shutting down within seconds.
+const terminateTakes = 2 * time.Minute
+
+// stillRunning says whether EC2 describes rec's instance running (or
+// pending) terminateTakes after Reaper's terminate was accepted: the
+// terminate did not take, and is made again.
+func stillRunning(rec ledger.Record, ec2 *instances.Instance) bool {
+	return !rec.Terminated.IsZero() && ec2 != nil && (ec2.State == model.StateRunning || ec2.State == model.StatePending) &&
+		ec2.DescribedAt.Sub(rec.Terminated) > terminateTakes
+}
 
 // endAfterGrace is the End of an instance whose power-off grace ends at
 // graceEnds, judged at seen: terminate now once the grace is over, or

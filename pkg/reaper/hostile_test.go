@@ -201,10 +201,20 @@ func TestWrongClusterTerminatesNothing(t *testing.T) {
 
 // Many orphans at once: a sweep hands at most the cap's part of the
 // running instances to the reconciler, the oldest first, and counts the
-// rest.
+// rest; a small fleet's few orphans (at most orphanFloor) go in one sweep.
 func TestOrphanCap(t *testing.T) {
+	small := fakes.NewWorld(owned(instanceOf(1), podOf(1)), owned(instanceOf(2), podOf(2)))
+	for id, inst := range small.Instances {
+		inst.LaunchTime = testNow().Add(-time.Hour)
+		small.Instances[id] = inst
+	}
+	smallCore, _, _ := newBatchCore(small)
+	smallCore.Policy.OrphanCap = 0.1
+	if sum, err := smallCore.Sweep(t.Context(), 15*time.Minute); err != nil || sum.Orphans != 2 || sum.HeldBack != 0 {
+		t.Fatalf("sweep of 2 orphans among 2 instances %+v, %v: want both in one sweep", sum, err)
+	}
 	var insts []instances.Instance
-	for n := range 20 {
+	for n := range 70 {
 		inst := owned(instanceOf(n+1), podOf(n+1))
 		inst.LaunchTime = testNow().Add(-time.Hour - time.Duration(n)*time.Minute)
 		insts = append(insts, inst)
@@ -213,11 +223,15 @@ func TestOrphanCap(t *testing.T) {
 	core, _, q := newBatchCore(w)
 	core.Policy.OrphanCap = 0.1
 	sum, err := core.Sweep(t.Context(), 15*time.Minute)
-	if err != nil || sum.Orphans != 2 || sum.HeldBack != 18 {
-		t.Fatalf("sweep %+v, %v: want 2 orphans, 18 held back", sum, err)
+	if err != nil || sum.Orphans != 7 || sum.HeldBack != 63 {
+		t.Fatalf("sweep %+v, %v: want 7 orphans, 63 held back", sum, err)
 	}
-	if got, want := sweepMsgs(t, q), []string{"orphan " + instanceOf(19), "orphan " + instanceOf(20)}; !slices.Equal(got, want) {
-		t.Fatalf("queued %v, want the two oldest %v", got, want)
+	var want []string
+	for n := 64; n <= 70; n++ {
+		want = append(want, "orphan "+instanceOf(n))
+	}
+	if got := sweepMsgs(t, q); !slices.Equal(got, want) {
+		t.Fatalf("queued %v, want the seven oldest %v", got, want)
 	}
 }
 
@@ -519,5 +533,108 @@ func TestLateStateChangeKeepsTheWindow(t *testing.T) {
 	}
 	if len(w.Log) == 0 || w.Log[0] != "pod jobs/job-1 exit/0" {
 		t.Fatalf("steps %q, want the Pod written with the exit: the exit decides the Pod", w.Log)
+	}
+}
+
+// EC2's answers are eventually consistent: a claim for an instance EC2
+// does not list yet is checked again, DeferDelay later, and believed once
+// EC2 lists it; one for a made-up instance is refused, and counted, only
+// after unknownChecks checks a minute apart.
+func TestUnknownInstanceCheckedAgain(t *testing.T) {
+	w := fakes.NewWorld()
+	w.Pods[podOf(1)] = true
+	core, _, q := newBatchCore(w)
+	var emf bytes.Buffer
+	core.Metrics = metrics.New(slog.New(slog.NewJSONHandler(&emf, nil)), "Reaper", metrics.FunctionReconciler)
+	ev := batch(t, exitMsg(1, 0), exitMsg(2, 0))
+	for check := 1; check <= 2; check++ { // unknownChecks is 3
+		if _, err := core.HandleQueueEvent(t.Context(), ev); err != nil {
+			t.Fatal(err)
+		}
+		if len(q.Sent) != 1 || q.Sent[0].Delay != DeferDelay || len(q.Sent[0].Msgs) != 2 || q.Sent[0].Msgs[0].Checks != check {
+			t.Fatalf("check %d: sent %+v, want both claims again, %v later", check, q.Sent, DeferDelay)
+		}
+		ev = redeliver(t, q)
+	}
+	if n := countOf(t, emf.String(), metrics.LinesRejected, model.ReasonInstanceUnknown); n != 0 {
+		t.Fatalf("%d claims refused before their last check", n)
+	}
+	// EC2 lists instance 1 now.
+	w.Instances[instanceOf(1)] = owned(instanceOf(1), podOf(1))
+	if _, err := core.HandleQueueEvent(t.Context(), ev); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Log) == 0 || w.Log[0] != "pod jobs/job-1 exit/0" {
+		t.Fatalf("steps %q, want instance 1's Pod written", w.Log)
+	}
+	if n := countOf(t, emf.String(), metrics.LinesRejected, model.ReasonInstanceUnknown); n != 1 || len(q.Sent) != 0 {
+		t.Fatalf("%d claims refused, sent %+v: want the made-up one refused at its last check, nothing sent again", n, q.Sent)
+	}
+}
+
+// A flood of made-up instance ids costs few calls: EC2's tokens go first
+// to the instances the ledger knows; ids EC2 answered lately it does not
+// know are not described again on a new claim; and a batch describes at
+// most maxRechecks of the claims checked again, deferring the rest.
+func TestUnknownInstancesAreCheap(t *testing.T) {
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
+	w.Pods[podOf(1)] = true
+	core, l, q := newBatchCore(w)
+	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1), Pending: "p", Version: 1}
+	const flood = 300
+	var msgs []workqueue.Message
+	for i := range flood {
+		msgs = append(msgs, exitMsg(1000+i, 0))
+	}
+	// One call's worth of tokens: the known instance is described first.
+	w.DescribeShare = 200
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, append(msgs, exitMsg(1, 0))...)); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Describes) == 0 || w.Describes[0][0] != instanceOf(1) {
+		t.Fatalf("describes %v, want the instance the ledger knows first", w.Describes)
+	}
+	if len(w.Log) == 0 || w.Log[0] != "pod jobs/job-1 exit/0" {
+		t.Fatalf("steps %q, want the known instance's Pod written", w.Log)
+	}
+	w.DescribeShare, w.Describes, q.Sent = 0, nil, nil
+	// The same ids again, a first claim each: answered unknown lately.
+	core.Now = func() time.Time { return testNow().Add(time.Minute) }
+	resp, err := core.HandleQueueEvent(t.Context(), batch(t, msgs[:199]...))
+	if err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	if len(w.Describes) != 0 {
+		t.Fatalf("%d describes of ids EC2 answered a minute ago it does not know", len(w.Describes))
+	}
+	// 300 checks made again: one call's worth is described, the rest wait.
+	q.Sent = nil
+	var again []workqueue.Message
+	for _, m := range msgs {
+		m.Checks = 1
+		again = append(again, m)
+	}
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, again...)); err != nil {
+		t.Fatal(err)
+	}
+	described := 0
+	for _, d := range w.Describes {
+		described += len(d)
+	}
+	if described != maxRechecks {
+		t.Fatalf("%d rechecks described, want %d", described, maxRechecks)
+	}
+	deferred := 0
+	for _, s := range q.Sent {
+		if s.Delay >= DeferDelay {
+			for _, m := range s.Msgs {
+				if m.Checks == 1 {
+					deferred++
+				}
+			}
+		}
+	}
+	if deferred != flood-maxRechecks {
+		t.Fatalf("%d rechecks deferred unchecked, want %d (sent %d sends)", deferred, flood-maxRechecks, len(q.Sent))
 	}
 }

@@ -3,8 +3,13 @@ package reaper
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+	"sync"
+	"time"
 
+	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
@@ -33,6 +38,7 @@ func (b *batchRun) read(ctx context.Context) {
 			lookup = append(lookup, e)
 		}
 	}
+	lookup = b.unknownLast(lookup)
 	b.sum.Lookups = len(lookup)
 	if len(lookup) == 0 {
 		return
@@ -42,6 +48,7 @@ func (b *batchRun) read(ctx context.Context) {
 		lookupIDs[i] = e.id
 	}
 	described := b.Fleet.Describe(ctx, lookupIDs)
+	var unknown []string
 	for _, e := range lookup {
 		if err, left := described.Left[e.id]; left {
 			e.conclude(outOfTime(ctx, fmt.Errorf("check instance against its tags: %w", err)))
@@ -50,7 +57,96 @@ func (b *batchRun) read(ctx context.Context) {
 		e.asked = true
 		if inst, ok := described.Found[e.id]; ok {
 			e.ec2 = &inst
+		} else if e.stored == nil {
+			unknown = append(unknown, e.id)
 		}
+	}
+	b.unknown.add(unknown, b.Now())
+}
+
+// maxRechecks is the most claims for instances EC2 did not know (checked
+// again, unknownChecks) a batch describes: one DescribeInstances. A flood
+// of made-up instance ids then costs a call a batch at most, after the
+// claims of the instances the ledger knows and the new ones.
+const maxRechecks = 200
+
+// unknownLast orders the lookups so that EC2's tokens go first to the
+// instances the ledger knows, then to new ones, then to the claims EC2
+// did not know when last asked; those EC2 answered unknown lately
+// (unknownIDs) are taken as unknown without a call, and the rechecks
+// beyond maxRechecks are deferred. Both are counted.
+func (b *batchRun) unknownLast(lookup []*entry) []*entry {
+	var known, fresh, rechecks []*entry
+	now := b.Now()
+	for _, e := range lookup {
+		switch {
+		case e.stored != nil:
+			known = append(known, e)
+		case e.rechecked():
+			rechecks = append(rechecks, e)
+		case b.unknown.lately(e.id, now):
+			e.asked = true
+			b.sum.UnknownRemembered++
+		default:
+			fresh = append(fresh, e)
+		}
+	}
+	if len(rechecks) > maxRechecks {
+		for _, e := range rechecks[maxRechecks:] {
+			e.conclude(errRechecksHeldBack)
+		}
+		b.sum.RechecksHeldBack = len(rechecks) - maxRechecks
+		rechecks = rechecks[:maxRechecks]
+	}
+	b.Metrics.Count(metrics.UnknownInstancesRemembered, b.sum.UnknownRemembered)
+	return slices.Concat(known, fresh, rechecks)
+}
+
+// errRechecksHeldBack defers the rechecks a batch does not describe
+// (maxRechecks); they come back after DeferDelay, as work short of EC2
+// tokens does.
+var errRechecksHeldBack = fmt.Errorf("more claims of instances EC2 did not know than a batch checks: %w", instances.ErrNoTokens)
+
+// rechecked says whether one of the entry's messages is a check made again.
+func (e *entry) rechecked() bool {
+	return slices.ContainsFunc(e.items, func(it workqueue.Item) bool { return it.Checks > 0 })
+}
+
+// unknownTTL is how long a warm reconciler takes an instance id EC2
+// answered it does not know for unknown, without asking again, on a first
+// claim for it; checks made again (unknownChecks) always ask.
+const unknownTTL = 2 * time.Minute
+
+// unknownIDs are the instance ids EC2 lately answered it does not know,
+// with when, in one warm process.
+type unknownIDs struct {
+	mu   sync.Mutex
+	seen map[string]time.Time
+}
+
+// lately says whether EC2 answered it does not know id less than
+// unknownTTL before now.
+func (u *unknownIDs) lately(id string, now time.Time) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	at, ok := u.seen[id]
+	return ok && now.Sub(at) < unknownTTL
+}
+
+// add remembers ids as answered unknown at now, and forgets those older
+// than unknownTTL.
+func (u *unknownIDs) add(ids []string, now time.Time) {
+	if len(ids) == 0 {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.seen == nil {
+		u.seen = map[string]time.Time{}
+	}
+	maps.DeleteFunc(u.seen, func(_ string, at time.Time) bool { return now.Sub(at) >= unknownTTL })
+	for _, id := range ids {
+		u.seen[id] = now
 	}
 }
 

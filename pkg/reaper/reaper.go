@@ -66,6 +66,9 @@ type Reaper struct {
 	// handler flushes it before it returns.
 	Metrics *metrics.Recorder
 	Now     func() time.Time
+
+	// unknown are the instance ids EC2 lately answered it does not know.
+	unknown unknownIDs
 }
 
 // flushMetrics writes what the invocation recorded; a failed write is

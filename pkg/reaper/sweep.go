@@ -46,6 +46,9 @@ type SweepSummary struct {
 	// tag is not the identity of the cluster Reaper reaches: none is
 	// treated as an orphan.
 	IdentityMismatch int `json:"identityMismatch"`
+	// StillRunning are instances EC2 lists running well after Reaper's
+	// terminate of them, handed to the reconciler to terminate again.
+	StillRunning int `json:"stillRunning"`
 	// Adopted are running owned instances the ledger had no record of; a
 	// record of their Pod, from their tags, now outlives EC2's memory.
 	Adopted int `json:"adopted"`
@@ -98,7 +101,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	defer cancel()
 	fresh, err := r.missedGone(writeCtx, managed, records, start, &sum)
 	errs = append(errs, err)
-	msgs := r.unfinished(records, fresh, start, &sum)
+	msgs := r.unfinished(records, managed, fresh, start, &sum)
 	errs = append(errs, r.adopt(writeCtx, managed, records, start.Add(-orphanGrace), &sum))
 	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace), &sum)
 	errs = append(errs, err)
@@ -123,7 +126,7 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	r.Log.LogAttrs(ctx, errorLevel(err), "sweep",
 		slog.Int("records", sum.Records), slog.Int("managedInstances", sum.ManagedInstances),
 		slog.Int("missedGone", sum.MissedGone), slog.Int("queued", sum.Queued), slog.Int("inFlight", sum.InFlight), slog.Int("orphans", sum.Orphans),
-		slog.Int("heldBack", sum.HeldBack), slog.Int("identityMismatch", sum.IdentityMismatch), slog.Int("adopted", sum.Adopted),
+		slog.Int("heldBack", sum.HeldBack), slog.Int("identityMismatch", sum.IdentityMismatch), slog.Int("stillRunning", sum.StillRunning), slog.Int("adopted", sum.Adopted),
 		slog.Int("leftOver", sum.LeftOver), slog.Int("waitingExit", sum.WaitingExit), slog.Int("errors", sum.Errors),
 		slog.Int("durationMs", sum.DurationMsec))
 	return sum, err
@@ -252,18 +255,29 @@ func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.In
 const requeueAfter = 5 * time.Minute
 
 // unfinished are the work items of the pending records with a step left
-// at now, but for those whose work is in flight: a batch wrote the record
-// lately, after the work fell due (Plan.DueSince). Work that fell due
-// since (an exit-wait window closing) and records this sweep wrote itself
-// (fresh) are queued. A record off the pending index is settled: its
-// work is done, or went to the dead-letter queue.
-func (r *Reaper) unfinished(records map[string]ledger.Record, fresh map[string]bool, now time.Time, sum *SweepSummary) []workqueue.Message {
+// at now, decided with the instance as the sweep listed it, but for those
+// whose work is in flight: a batch wrote the record lately, after the work
+// fell due (Plan.DueSince). Work that fell due since (an exit-wait window
+// closing) and records this sweep wrote itself (fresh) are queued. A
+// record off the pending index is settled (its work done, or gone to the
+// dead-letter queue); if EC2 lists its instance running well after
+// Reaper's terminate of it (stillRunning), the reconciler is asked to look
+// again.
+func (r *Reaper) unfinished(records map[string]ledger.Record, managed map[string]instances.Instance, fresh map[string]bool, now time.Time, sum *SweepSummary) []workqueue.Message {
 	var msgs []workqueue.Message
-	for _, rec := range records {
+	for id, rec := range records {
+		var listed *instances.Instance
+		if inst, ok := managed[id]; ok {
+			listed = &inst
+		}
 		if rec.Pending == "" {
+			if stillRunning(rec, listed) {
+				msgs = append(msgs, workqueue.StillRunning(id))
+				sum.StillRunning++
+			}
 			continue
 		}
-		plan := Decide(rec, nil, now, r.Policy)
+		plan := Decide(rec, listed, now, r.Policy)
 		if !plan.WaitUntil.IsZero() {
 			sum.WaitingExit++
 		}
@@ -378,15 +392,20 @@ func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Insta
 	return ids, errors.Join(errs...)
 }
 
+// orphanFloor is the fewest orphans a sweep may hand on whatever the cap:
+// a small fleet's few orphans go in one sweep (at a cap of 0.1, two
+// orphans among two instances would otherwise take two sweeps).
+const orphanFloor = 5
+
 // capOrphans keeps at most Policy.OrphanCap of the running owned instances
-// among found, the oldest first. Many orphans at once is what a wrong
-// Kubernetes endpoint looks like: the cap bounds what one sweep ends, and
-// the count of those held back raises an alarm.
+// (but orphanFloor at least) among found, the oldest first. Many orphans
+// at once is what a wrong Kubernetes endpoint looks like: the cap bounds
+// what one sweep ends, and the count of those held back raises an alarm.
 func (r *Reaper) capOrphans(ctx context.Context, found []instances.Instance, running int, sum *SweepSummary) []instances.Instance {
 	if r.Policy.OrphanCap <= 0 {
 		return found
 	}
-	limit := int(math.Ceil(r.Policy.OrphanCap * float64(running)))
+	limit := max(int(math.Ceil(r.Policy.OrphanCap*float64(running))), orphanFloor)
 	if len(found) <= limit {
 		return found
 	}

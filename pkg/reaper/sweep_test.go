@@ -86,3 +86,33 @@ func TestSweepSkipsWorkInFlight(t *testing.T) {
 		t.Fatalf("summary %+v, queued %v, want %v", sum, got, want)
 	}
 }
+
+// EC2 lists an instance running an hour after Reaper's terminate of it was
+// accepted (the terminate did not take): the sweep hands it to the
+// reconciler, which describes it again and terminates it again. One
+// terminated a minute ago is left to EC2.
+func TestSweepStillRunning(t *testing.T) {
+	w := fakes.NewWorld()
+	core, l, q := newBatchCore(w)
+	exit := &model.Exit{Container: "main"}
+	for n, terminated := range map[int]time.Duration{1: time.Hour, 2: time.Minute} {
+		inst := owned(instanceOf(n), podOf(n))
+		inst.LaunchTime = testNow().Add(-2 * time.Hour)
+		w.Instances[inst.ID] = inst
+		w.Pods[podOf(n)] = true
+		l.Recs[inst.ID] = ledger.Record{InstanceID: inst.ID, Pod: podOf(n), Exit: exit, PodSynced: "exit/0", Terminated: testNow().Add(-terminated), Version: 1}
+	}
+	sum, err := core.Sweep(t.Context(), 15*time.Minute)
+	if err != nil || sum.StillRunning != 1 {
+		t.Fatalf("sweep %+v, %v: want one instance still running", sum, err)
+	}
+	if got := sweepMsgs(t, q); !slices.Equal(got, []string{"still-running " + instanceOf(1)}) {
+		t.Fatalf("queued %v", got)
+	}
+	if _, err := core.HandleQueueEvent(t.Context(), redeliver(t, q)); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"terminate [" + instanceOf(1) + "]"}; !slices.Equal(w.Log, want) {
+		t.Fatalf("steps %q, want %q", w.Log, want)
+	}
+}

@@ -43,6 +43,10 @@ const (
 	// KindOrphan: the sweeper found the owned instance running with no
 	// live Pod; the reconciler checks the Pod again before it terminates.
 	KindOrphan Kind = "orphan"
+	// KindStillRunning: the sweeper found the instance running well after
+	// Reaper's terminate of it was accepted; the reconciler describes it
+	// again and terminates it again if EC2 agrees.
+	KindStillRunning Kind = "still-running"
 )
 
 // Message is one work item. Its body is the project's own JSON.
@@ -104,6 +108,10 @@ func Sweep(id string) Message { return Message{Kind: KindSweep, InstanceID: id} 
 // Orphan is the message for an owned instance the sweeper found orphaned.
 func Orphan(id string) Message { return Message{Kind: KindOrphan, InstanceID: id} }
 
+// StillRunning is the message for an instance the sweeper found running
+// after Reaper's terminate of it.
+func StillRunning(id string) Message { return Message{Kind: KindStillRunning, InstanceID: id} }
+
 // Item is a received message with what SQS says of it.
 type Item struct {
 	Message
@@ -160,7 +168,7 @@ func (m Message) validate() error {
 		if !model.KnownState(m.State) {
 			return fmt.Errorf("state %.40q is not an EC2 instance state", m.State)
 		}
-	case KindSweep, KindOrphan:
+	case KindSweep, KindOrphan, KindStillRunning:
 	default:
 		return fmt.Errorf("unknown kind %q", m.Kind)
 	}
