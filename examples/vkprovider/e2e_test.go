@@ -1,11 +1,16 @@
 package vkprovider_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"regexp"
 	"sync"
 	"testing"
 	"time"
@@ -285,7 +290,11 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 		lab.Stack.EC2.SetState(id, ec2server.ShuttingDown)
 		return intake.ExitSummary{InstanceID: id, Lines: 1, Recorded: 1}, nil
 	}
-	payload, err := exitEvent(id, pod, exit, finished)
+	token, err := hostToken(id, pod)
+	if err != nil {
+		return sum, err
+	}
+	payload, err := exitEvent(id, pod, exit, finished, token)
 	if err != nil {
 		return sum, err
 	}
@@ -323,11 +332,47 @@ func instanceOf(ctx context.Context, pod *corev1.Pod) (string, error) {
 	return aws.ToString(out.Reservations[0].Instances[0].InstanceId), nil
 }
 
+// configuredToken is the exit token in the wrapper's configuration, as sh
+// reads it.
+var configuredToken = regexp.MustCompile(`(?m)^REAPER_EXIT_TOKEN='([^']*)'$`)
+
+// hostToken is the exit token the host of instance id puts in its lines:
+// the one in the user-data the provider launched it with, as the EC2 test
+// server received it in the RunInstances whose client token is the Pod's
+// UID. The instance's exit-token tag must be its hash.
+func hostToken(id string, pod *corev1.Pod) (string, error) {
+	for _, c := range lab.Stack.EC2.Calls() {
+		if c.Action != "RunInstances" || c.Params.Get("ClientToken") != string(pod.UID) {
+			continue
+		}
+		script, err := base64.StdEncoding.DecodeString(c.Params.Get("UserData"))
+		if err != nil {
+			return "", err
+		}
+		if zr, err := gzip.NewReader(bytes.NewReader(script)); err == nil {
+			if script, err = io.ReadAll(zr); err != nil {
+				return "", err
+			}
+		}
+		m := configuredToken.FindSubmatch(script)
+		if m == nil || len(m[1]) == 0 {
+			return "", fmt.Errorf("pod %s: the user-data carries no exit token", pod.Name)
+		}
+		token := string(m[1])
+		if inst, _ := lab.Stack.EC2.Instance(id); inst.Tags[model.DefaultTagExitToken] != model.ExitTokenHash(token) {
+			return "", fmt.Errorf("instance %s has tags %v, want %s=%s, the hash of its user-data's token",
+				id, inst.Tags, model.DefaultTagExitToken, model.ExitTokenHash(token))
+		}
+		return token, nil
+	}
+	return "", fmt.Errorf("pod %s: no RunInstances for it", pod.Name)
+}
+
 // exitEvent is the CloudWatch Logs payload of the Pod's exit line, from
-// its instance's log stream.
-func exitEvent(id string, pod *corev1.Pod, exit host, finished time.Time) ([]byte, error) {
+// its instance's log stream, with the host's exit token.
+func exitEvent(id string, pod *corev1.Pod, exit host, finished time.Time, token string) ([]byte, error) {
 	ev, err := replay.ExitLogsEvent(id, pod, exitline.Line{ContainerID: "docker://" + id[2:], ExitCode: exit.exitCode,
-		RuntimeRestarted: exit.runtimeRestarted, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}, 1)
+		RuntimeRestarted: exit.runtimeRestarted, StartedAt: finished.Add(-time.Minute), FinishedAt: finished, Token: token}, 1)
 	if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,10 @@
 //
 //   - CreatePod launches with userdata.Launch: its tags let Reaper believe
 //     the instance's exit lines, its user-data runs the workload under the
-//     supervisor that writes them. The cluster identity tag (the UID of the
+//     supervisor that writes them. Each launch draws its own exit token:
+//     the user-data carries it, the tags its hash, and Reaper believes a
+//     line for the instance only when it carries the token, so no other
+//     host can speak for this Pod. The cluster identity tag (the UID of the
 //     cluster's kube-system namespace, read once at start) lets Reaper
 //     terminate the instance as an orphan once its Pod is gone; without it
 //     Reaper never would.
@@ -282,7 +285,8 @@ func (p *provider) launch(ctx context.Context, pod *corev1.Pod) (string, error) 
 			InstanceMetadataTags: ec2types.InstanceMetadataTagsState(ls.MetadataTags),
 		},
 		// The UID in the token makes a retried launch of the same Pod
-		// return the first instance instead of a second one.
+		// return the first instance instead of a second one, whose
+		// user-data and tags agree on the first launch's exit token.
 		ClientToken:       aws.String(string(pod.UID)),
 		TagSpecifications: []ec2types.TagSpecification{{ResourceType: ec2types.ResourceTypeInstance, Tags: tags}},
 	})

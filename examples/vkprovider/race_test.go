@@ -113,7 +113,11 @@ func TestE2ENoRaceWithInstanceStateProvider(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			payload, err := exitEvent(id, &pod, host{exitCode: codes[pod.Name]}, time.Now().UTC().Truncate(time.Millisecond))
+			token, err := hostToken(id, &pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload, err := exitEvent(id, &pod, host{exitCode: codes[pod.Name]}, time.Now().UTC().Truncate(time.Millisecond), token)
 			if err != nil {
 				t.Fatal(err)
 			}
