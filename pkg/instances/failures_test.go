@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,6 +34,8 @@ const (
 	fail
 	// hold: no answer until the client gives up on it.
 	hold
+	// edited: the test server answers the form as decide left it.
+	edited
 )
 
 // startFront starts an HTTP server in front of srv, on the wire between
@@ -67,6 +70,9 @@ func startFront(t *testing.T, srv *ec2server.Server, decide func(url.Values) ver
 			// The client's calls are made one at a time: the fault
 			// answers this very request.
 			srv.FailNext(form.Get("Action"), 1, "InternalError", http.StatusInternalServerError)
+		case edited:
+			body = []byte(form.Encode())
+			r.ContentLength = int64(len(body))
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		proxy.ServeHTTP(w, r)
@@ -130,8 +136,9 @@ func TestDescribeKeepsTheOtherChunks(t *testing.T) {
 		if _, found := d.Found[gone]; found || !d.Answered(gone) {
 			t.Fatalf("%s, which EC2 no longer knows: found %v, answered %v", gone, found, d.Answered(gone))
 		}
-		if c := srv.CallCount("DescribeInstances"); c != n/chunk {
-			t.Fatalf("%d DescribeInstances requests, want one a chunk (%d)", c, n/chunk)
+		// One a chunk, and one that asks for the gone instance by id.
+		if c := srv.CallCount("DescribeInstances"); c != n/chunk+1 {
+			t.Fatalf("%d DescribeInstances requests, want one a chunk (%d) and one by id", c, n/chunk)
 		}
 	}
 }
@@ -261,5 +268,37 @@ func TestDeadlineIsNotThrottling(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// EC2's filtered answers are eventually consistent: a running instance
+// left out of one is asked for by id and found, not taken for unknown;
+// one EC2 does not know is confirmed unknown by the same call.
+func TestDescribeConfirmsByID(t *testing.T) {
+	var late atomic.Value // the id the filtered answer leaves out
+	fleet, srv, ids := newFleetBehind(t, 1, 10, func(form url.Values) verdict {
+		id, _ := late.Load().(string)
+		if form.Get("Action") != "DescribeInstances" || form.Get("Filter.1.Name") != "instance-id" || !names(form, id) {
+			return pass
+		}
+		for k, vs := range form {
+			if strings.HasPrefix(k, "Filter.1.Value.") && vs[0] == id {
+				form[k] = []string{"i-00000000000000000"}
+			}
+		}
+		return edited
+	})
+	late.Store(ids[3])
+	gone := ids[7]
+	srv.RemoveInstance(gone)
+	d := fleet.Describe(t.Context(), ids)
+	if inst, ok := d.Found[ids[3]]; !ok || !inst.Owned {
+		t.Fatalf("%s, left out of the filtered answer: found %v, want it found by id", ids[3], ok)
+	}
+	if _, found := d.Found[gone]; found || !d.Answered(gone) || len(d.Left) != 0 {
+		t.Fatalf("%s: found %v, answered %v, left %v: want it confirmed unknown", gone, found, d.Answered(gone), d.Left)
+	}
+	if c := srv.CallCount("DescribeInstances"); c != 3 {
+		t.Fatalf("%d DescribeInstances requests, want 3: the filtered one, by id, by id without the unknown one", c)
 	}
 }

@@ -103,8 +103,12 @@ func (d Described) Answered(id string) bool {
 // tokens for the next chunk before the deadline, EC2 keeps refusing, or
 // the context ends, that chunk and every one after it are Left with that
 // error: asking again before the deadline cannot do better.
+//
+// EC2's filtered answers are eventually consistent: an id absent from one
+// is asked for again by id (confirm) before it counts as unknown.
 func (f *Fleet) Describe(ctx context.Context, ids []string) Described {
 	d := Described{Found: make(map[string]Instance, len(ids)), Left: map[string]error{}}
+	var absent []string
 	for start := 0; start < len(ids); start += describeChunk {
 		chunk := ids[start:min(start+describeChunk, len(ids))]
 		// A chunk counts only when described whole: an id absent from a
@@ -115,14 +119,50 @@ func (f *Fleet) Describe(ctx context.Context, ids []string) Described {
 		switch {
 		case err == nil:
 			maps.Copy(d.Found, described)
+			for _, id := range chunk {
+				if _, ok := described[id]; !ok {
+					absent = append(absent, id)
+				}
+			}
 		case errors.Is(err, ErrNoTokens) || ctx.Err() != nil:
 			leave(d.Left, ids[start:], err)
+			leave(d.Left, absent, err)
 			return d
 		default:
 			leave(d.Left, chunk, err)
 		}
 	}
+	f.confirm(ctx, absent, d)
 	return d
+}
+
+// confirm asks EC2 by id for the ids a filtered answer left out, a chunk
+// at a time: those it describes are Found; those its InvalidInstanceID.NotFound
+// names it does not know, and the call is made again without them. An id
+// that cannot be confirmed (the call failed, or no tokens) is Left, never
+// taken for unknown.
+func (f *Fleet) confirm(ctx context.Context, absent []string, d Described) {
+	for chunk := range slices.Chunk(absent, describeChunk) {
+		ask := slices.Clone(chunk)
+		for len(ask) > 0 {
+			err := f.describe(ctx, &ec2.DescribeInstancesInput{InstanceIds: ask}, func(i Instance) error { d.Found[i.ID] = i; return nil })
+			var ae smithy.APIError
+			if err == nil || !errors.As(err, &ae) || ae.ErrorCode() != "InvalidInstanceID.NotFound" {
+				if err != nil {
+					leave(d.Left, ask, err)
+				}
+				break
+			}
+			unknown := instanceIDInText.FindAllString(ae.ErrorMessage(), -1)
+			rest := slices.DeleteFunc(slices.Clone(ask), func(id string) bool { return slices.Contains(unknown, id) })
+			if len(rest) == len(ask) {
+				// The message names none of them: none is confirmed.
+				leave(d.Left, ask, err)
+				break
+			}
+			ask = rest
+		}
+	}
 }
 
 // leave records ids as left, each with err.
