@@ -71,6 +71,8 @@ var knobDocs = []knobDoc{
 		doc: "Tag key of the Pod's UID."},
 	{key: "tagClusterUid", env: "REAPER_TAG_CLUSTER_UID",
 		doc: "Tag key of the cluster identity."},
+	{key: "tagExitToken", env: "REAPER_TAG_EXIT_TOKEN",
+		doc: "Tag key of the SHA-256 of each launch's exit token."},
 	{key: "tagPodWritten", env: "REAPER_TAG_POD_WRITTEN",
 		doc: "Tag key the reconciler puts on a running instance once its Pod is written, for hosts in `when-pod-written`; needs `powerOffGrace`. The reconciler may then `ec2:CreateTags` that key alone, on owned instances."},
 	{key: "memoryMb", def: "`256`",

@@ -134,6 +134,7 @@ var knobs = []knob{
 	{"tagPodName", str(func(p *reapercdk.Props) *string { return &p.Tags.PodName })},
 	{"tagPodUid", str(func(p *reapercdk.Props) *string { return &p.Tags.PodUID })},
 	{"tagClusterUid", str(func(p *reapercdk.Props) *string { return &p.Tags.ClusterUID })},
+	{"tagExitToken", str(func(p *reapercdk.Props) *string { return &p.Tags.ExitToken })},
 	{"tagPodWritten", str(func(p *reapercdk.Props) *string { return &p.Tags.PodWritten })},
 	{"memoryMb", integer(func(p *reapercdk.Props) *int { return &p.MemoryMB })},
 	{"reconcilerMemoryMb", integer(func(p *reapercdk.Props) *int { return &p.ReconcilerMemoryMB })},

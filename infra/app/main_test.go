@@ -52,6 +52,7 @@ func TestContextKnobs(t *testing.T) {
 			"tagPodName":               "example.com/pod",
 			"tagPodUid":                "example.com/uid",
 			"tagClusterUid":            "example.com/cluster-uid",
+			"tagExitToken":             "example.com/exit-token",
 			"tagPodWritten":            "example.com:pod-written",
 			"memoryMb":                 "512",
 			"reconcilerMemoryMb":       "1769",
@@ -144,6 +145,7 @@ func TestContextKnobs(t *testing.T) {
 				"REAPER_TAG_POD_NAME":      "example.com/pod",
 				"REAPER_TAG_POD_UID":       "example.com/uid",
 				"REAPER_TAG_CLUSTER_UID":   "example.com/cluster-uid",
+				"REAPER_TAG_EXIT_TOKEN":    "example.com/exit-token",
 				"REAPER_METRICS_NAMESPACE": "Staging/Reaper",
 			})},
 		})

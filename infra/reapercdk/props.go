@@ -274,6 +274,7 @@ func (p Props) withDefaults() Props {
 	orDefault(&p.Tags.PodName, keys.PodName)
 	orDefault(&p.Tags.PodUID, keys.PodUID)
 	orDefault(&p.Tags.ClusterUID, keys.ClusterUID)
+	orDefault(&p.Tags.ExitToken, keys.ExitToken)
 	orDefault(&p.MemoryMB, DefaultMemoryMB)
 	orDefault(&p.ReconcilerMemoryMB, DefaultReconcilerMemoryMB)
 	orDefault(&p.SweepRate, DefaultSweepRate)
@@ -328,10 +329,10 @@ func (p Props) Validate() error {
 			bad("MetricsNamespace %q: CloudWatch allows 1 to 255 of a-z A-Z 0-9 . - _ / # : and space, not starting with AWS/", ns)
 		}
 	}
-	tagKeys := []string{p.Tags.Managed, p.Tags.Cluster, p.Tags.PodNamespace, p.Tags.PodName, p.Tags.PodUID, p.Tags.ClusterUID}
+	tagKeys := []string{p.Tags.Managed, p.Tags.Cluster, p.Tags.PodNamespace, p.Tags.PodName, p.Tags.PodUID, p.Tags.ClusterUID, p.Tags.ExitToken}
 	slices.Sort(tagKeys)
-	if len(slices.Compact(tagKeys)) != 6 {
-		bad("Tags: the six tag keys must differ, %+v", p.Tags)
+	if len(slices.Compact(tagKeys)) != 7 {
+		bad("Tags: the seven tag keys must differ, %+v", p.Tags)
 	}
 	if g := p.EKSAccessEntryGroup; g != "" {
 		if p.EKSCluster == "" {

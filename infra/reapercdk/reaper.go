@@ -299,8 +299,22 @@ func New(scope constructs.Construct, id string, props *Props) *Reaper {
 
 // agentPolicy is the managed policy for the provider's instance role: the
 // CloudWatch agent may write to the exit-line group and nothing else, and
-// read nothing. It does not tie a stream's name to the writing instance:
-// hosts are trusted to name their stream after themselves.
+// read nothing. It does not tie a stream's name to the writing instance
+// (IAM cannot): a line written into another instance's stream is refused
+// when that instance carries the exit-token tag, for want of its token.
+//
+// Not logs:DescribeLogStreams, which would let every host list the
+// group's streams, the instance ids of the other hosts. The agent does not
+// call it: its log sender's client is PutLogEvents, CreateLogStream,
+// CreateLogGroup, PutRetentionPolicy and DescribeLogGroups only, and on
+// ResourceNotFoundException it creates the stream, taking
+// ResourceAlreadyExistsException as success
+// (https://github.com/aws/amazon-cloudwatch-agent/blob/main/plugins/outputs/cloudwatchlogs/internal/pusher/sender.go,
+// .../internal/pusher/target.go); the agents of the sequence-token era
+// learned the token from InvalidSequenceTokenException, not from
+// DescribeLogStreams (.../plugins/outputs/cloudwatchlogs/pusher.go before
+// the internal/pusher package). CloudWatchAgentServerPolicy grants it, for
+// every log group: it is not a sign the agent needs it here.
 func (r *Reaper) agentPolicy(stack awscdk.Stack) awsiam.ManagedPolicy {
 	group := stack.FormatArn(&awscdk.ArnComponents{
 		Service:      jsii.String("logs"),
@@ -312,7 +326,7 @@ func (r *Reaper) agentPolicy(stack awscdk.Stack) awsiam.ManagedPolicy {
 		Description: jsii.String("Reaper: lets the CloudWatch agent on managed instances write exit lines to " + r.Props.ExitLogGroupName),
 		Statements: &[]awsiam.PolicyStatement{awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 			Sid:       jsii.String("WriteExitLines"),
-			Actions:   jsii.Strings("logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"),
+			Actions:   jsii.Strings("logs:CreateLogStream", "logs:PutLogEvents"),
 			Resources: jsii.Strings(*group, *group+":log-stream:*"),
 		})},
 	})
@@ -450,6 +464,7 @@ func (r *Reaper) environment(spec function) map[string]*string {
 		{"REAPER_TAG_POD_NAME", p.Tags.PodName, def.PodName},
 		{"REAPER_TAG_POD_UID", p.Tags.PodUID, def.PodUID},
 		{"REAPER_TAG_CLUSTER_UID", p.Tags.ClusterUID, def.ClusterUID},
+		{"REAPER_TAG_EXIT_TOKEN", p.Tags.ExitToken, def.ExitToken},
 	} {
 		if t.key != t.def {
 			env[t.name] = jsii.String(t.key)

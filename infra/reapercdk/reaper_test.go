@@ -879,7 +879,7 @@ func TestAgentPolicy(t *testing.T) {
 	tmpl, m := defaults(t)
 	_, p := cdktest.Only(t, m, "AWS::IAM::ManagedPolicy")
 	doc := compact(cdktest.Props(p)["PolicyDocument"])
-	want := `{"Statement":[{"Action":["logs:CreateLogStream","logs:DescribeLogStreams","logs:PutLogEvents"],"Effect":"Allow","Resource":[` +
+	want := `{"Statement":[{"Action":["logs:CreateLogStream","logs:PutLogEvents"],"Effect":"Allow","Resource":[` +
 		`{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":logs:",{"Ref":"AWS::Region"},":",{"Ref":"AWS::AccountId"},":log-group:/reaper/demo/exits"]]},` +
 		`{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":logs:",{"Ref":"AWS::Region"},":",{"Ref":"AWS::AccountId"},":log-group:/reaper/demo/exits:log-stream:*"]]}],` +
 		`"Sid":"WriteExitLines"}],"Version":"2012-10-17"}`
@@ -1179,7 +1179,8 @@ func TestValidate(t *testing.T) {
 		"name not a tag":    {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "a$b"}, `ClusterName "a$b" is not a valid tag value`},
 		"name not a group":  {reapercdk.Props{KubeconfigSecretArn: "arn:x", ClusterName: "on prem"}, `"/reaper/on prem/exits" derived from the cluster is not valid`},
 		"bad group":         {reapercdk.Props{EKSCluster: "a", ExitLogGroupName: "/reaper/a:exits"}, `ExitLogGroupName "/reaper/a:exits"`},
-		"same tag keys":     {reapercdk.Props{EKSCluster: "a", Tags: model.TagKeys{Cluster: "reaper.io/managed"}}, "the six tag keys must differ"},
+		"same tag keys":     {reapercdk.Props{EKSCluster: "a", Tags: model.TagKeys{Cluster: "reaper.io/managed"}}, "the seven tag keys must differ"},
+		"same token key":    {reapercdk.Props{EKSCluster: "a", Tags: model.TagKeys{ExitToken: "reaper.io/pod-uid"}}, "the seven tag keys must differ"},
 		"system group":      {reapercdk.Props{EKSCluster: "a", EKSAccessEntryGroup: "system:masters"}, "system:"},
 		"sweep seconds":     {reapercdk.Props{EKSCluster: "a", SweepRate: 90 * time.Second}, "SweepRate 1m30s"},
 		"event age":         {reapercdk.Props{EKSCluster: "a", MaxEventAge: 7 * time.Hour}, "MaxEventAge 7h0m0s"},
