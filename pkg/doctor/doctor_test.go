@@ -301,7 +301,8 @@ func TestDoctor(t *testing.T) {
 		restore := setPolicyVariables(t, lab, map[string]string{"providerNodePrefix": "'vk-gpu-'"})
 		defer restore()
 		expect(t, run(healthy), map[string]want{checkAdmission: {doctor.Fail,
-			`node prefix "vk-gpu-" matches none of the provider's Nodes (reaper-virtual-node)`, "--set admission.providerNodePrefix="}})
+			`node prefix "vk-gpu-" matches none of the provider's Nodes (reaper-virtual-node)`,
+			"helm template reaper charts/reaper --set admission.providerNodePrefix=<prefix> | kubectl apply -f -"}})
 	})
 
 	t.Run("provider label instead of a prefix", func(t *testing.T) {

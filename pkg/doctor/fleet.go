@@ -53,19 +53,46 @@ func (r *run) checkInstances(ctx context.Context) {
 		r.add(check, Skip, "the deployment's cluster is not known (no function could be read; -cluster names it)", "")
 		return
 	}
-	if r.kube != nil {
-		if ns, err := r.kube.CoreV1().Namespaces().Get(ctx, kube.IdentityNamespace, metav1.GetOptions{}); err == nil {
-			r.clusterUID = string(ns.UID)
-		}
+	r.readClusterUID(ctx)
+	found, err := r.listManagedInstances(ctx)
+	if err != nil {
+		r.add(check, Fail, "cannot list the managed instances: "+err.Error(), "the operator's credentials need ec2:DescribeInstances")
+		return
 	}
-	keys := r.tags
-	var (
-		total                          int
-		noCluster, noUID, wrongUID, ok []string
-	)
+	r.managedRunning = found.total - len(found.noCluster)
+	r.reportLaunchTags(check, found)
+}
+
+// readClusterUID reads the UID of the cluster's kube-system namespace,
+// which the instances' cluster-uid tag must equal; it stays "" when the
+// cluster cannot be read, and the tag is then only checked for presence.
+func (r *run) readClusterUID(ctx context.Context) {
+	if r.kube == nil {
+		return
+	}
+	if ns, err := r.kube.CoreV1().Namespaces().Get(ctx, kube.IdentityNamespace, metav1.GetOptions{}); err == nil {
+		r.clusterUID = string(ns.UID)
+	}
+}
+
+// managedInstances are the running managed instances of the deployment's
+// cluster, and those of no cluster, by what their launch tags let the
+// deployment do with them.
+type managedInstances struct {
+	// total counts them all; another cluster's are not counted.
+	total int
+	// noCluster lack the cluster tag, noUID the cluster-uid tag; wrongUID
+	// carry another cluster's UID ("id (uid)"); ok are fully tagged.
+	noCluster, noUID, wrongUID, ok []string
+}
+
+// listManagedInstances pages through the pending and running instances
+// marked managed and sorts them by their launch tags.
+func (r *run) listManagedInstances(ctx context.Context) (managedInstances, error) {
+	var found managedInstances
 	p := ec2.NewDescribeInstancesPaginator(r.ec2, &ec2.DescribeInstancesInput{
 		Filters: []ec2types.Filter{
-			{Name: aws.String("tag:" + keys.Managed), Values: []string{"true"}},
+			{Name: aws.String("tag:" + r.tags.Managed), Values: []string{"true"}},
 			{Name: aws.String("instance-state-name"), Values: []string{model.StatePending, model.StateRunning}},
 		},
 		MaxResults: aws.Int32(1000),
@@ -73,61 +100,75 @@ func (r *run) checkInstances(ctx context.Context) {
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
-			r.add(check, Fail, "cannot list the managed instances: "+err.Error(), "the operator's credentials need ec2:DescribeInstances")
-			return
+			return managedInstances{}, err
 		}
 		for _, res := range page.Reservations {
 			for _, inst := range res.Instances {
-				tags := map[string]string{}
-				for _, t := range inst.Tags {
-					tags[aws.ToString(t.Key)] = aws.ToString(t.Value)
-				}
-				id := aws.ToString(inst.InstanceId)
-				cluster, hasCluster := tags[keys.Cluster]
-				uid, hasUID := tags[keys.ClusterUID]
-				switch {
-				case !hasCluster:
-					noCluster = append(noCluster, id)
-				case cluster != r.cluster:
-					continue // another deployment's
-				case !hasUID:
-					noUID = append(noUID, id)
-				case r.clusterUID != "" && uid != r.clusterUID:
-					wrongUID = append(wrongUID, id+" ("+uid+")")
-				default:
-					ok = append(ok, id)
-				}
-				total++
+				r.sortByLaunchTags(&found, inst)
 			}
 		}
 	}
-	r.managedRunning = total - len(noCluster)
+	return found, nil
+}
 
+// sortByLaunchTags adds inst to found by its cluster and cluster-uid tags.
+func (r *run) sortByLaunchTags(found *managedInstances, inst ec2types.Instance) {
+	tags := map[string]string{}
+	for _, t := range inst.Tags {
+		tags[aws.ToString(t.Key)] = aws.ToString(t.Value)
+	}
+	id := aws.ToString(inst.InstanceId)
+	cluster, hasCluster := tags[r.tags.Cluster]
+	uid, hasUID := tags[r.tags.ClusterUID]
+	switch {
+	case !hasCluster:
+		found.noCluster = append(found.noCluster, id)
+	case cluster != r.cluster:
+		return // another deployment's
+	case !hasUID:
+		found.noUID = append(found.noUID, id)
+	case r.clusterUID != "" && uid != r.clusterUID:
+		found.wrongUID = append(found.wrongUID, id+" ("+uid+")")
+	default:
+		found.ok = append(found.ok, id)
+	}
+	found.total++
+}
+
+// reportLaunchTags fails check with every kind of missing or wrong launch
+// tag found, or passes it.
+func (r *run) reportLaunchTags(check string, found managedInstances) {
+	keys := r.tags
+	var problems []string
+	if len(found.noCluster) > 0 {
+		problems = append(problems, fmt.Sprintf("%s lack %s: no deployment owns them, so their exit lines are rejected and their Pods never written", listIDs(found.noCluster), keys.Cluster))
+	}
+	if len(found.noUID) > 0 {
+		problems = append(problems, fmt.Sprintf("%s lack %s: the sweep never terminates them as orphans", listIDs(found.noUID), keys.ClusterUID))
+	}
+	if len(found.wrongUID) > 0 {
+		problems = append(problems, fmt.Sprintf("%s carry a %s that is not this cluster's (%s): the sweep never terminates them as orphans", listIDs(found.wrongUID), keys.ClusterUID, r.clusterUID))
+	}
+	switch {
+	case len(problems) > 0:
+		r.add(check, Fail, strings.Join(problems, "; "), r.launchTagsFix())
+	case found.total == 0:
+		r.add(check, Pass, "no managed instance of cluster "+r.cluster+" runs", "")
+	default:
+		r.add(check, Pass, fmt.Sprintf("%s of cluster %s, each with %s and %s", count(len(found.ok), "running instance"), r.cluster, keys.Cluster, keys.ClusterUID), "")
+	}
+}
+
+// launchTagsFix says how to have the provider write the launch tags, and
+// how to tag the instances already running.
+func (r *run) launchTagsFix() string {
 	uidValue := r.clusterUID
 	if uidValue == "" {
 		uidValue = "$(kubectl get namespace " + kube.IdentityNamespace + " -o jsonpath='{.metadata.uid}')"
 	}
-	providerFix := fmt.Sprintf("have the provider write every launch tag (reaper userdata -o tags -cluster %s -cluster-uid %s shows them); "+
+	return fmt.Sprintf("have the provider write every launch tag (reaper userdata -o tags -cluster %s -cluster-uid %s shows them); "+
 		"tag the running ones: aws ec2 create-tags --resources <ids> --tags Key=%s,Value=%s Key=%s,Value=%s",
-		r.cluster, uidValue, keys.Cluster, r.cluster, keys.ClusterUID, uidValue)
-	var problems []string
-	if len(noCluster) > 0 {
-		problems = append(problems, fmt.Sprintf("%s lack %s: no deployment owns them, so their exit lines are rejected and their Pods never written", listIDs(noCluster), keys.Cluster))
-	}
-	if len(noUID) > 0 {
-		problems = append(problems, fmt.Sprintf("%s lack %s: the sweep never terminates them as orphans", listIDs(noUID), keys.ClusterUID))
-	}
-	if len(wrongUID) > 0 {
-		problems = append(problems, fmt.Sprintf("%s carry a %s that is not this cluster's (%s): the sweep never terminates them as orphans", listIDs(wrongUID), keys.ClusterUID, r.clusterUID))
-	}
-	switch {
-	case len(problems) > 0:
-		r.add(check, Fail, strings.Join(problems, "; "), providerFix)
-	case total == 0:
-		r.add(check, Pass, "no managed instance of cluster "+r.cluster+" runs", "")
-	default:
-		r.add(check, Pass, fmt.Sprintf("%s of cluster %s, each with %s and %s", count(len(ok), "running instance"), r.cluster, keys.Cluster, keys.ClusterUID), "")
-	}
+		r.cluster, uidValue, r.tags.Cluster, r.cluster, r.tags.ClusterUID, uidValue)
 }
 
 // checkExitLines looks for the subscription filter that hands exit lines

@@ -146,105 +146,173 @@ func (r *run) checkPermissions(ctx context.Context) {
 // "text"), as the chart writes the policy's settings.
 var celString = regexp.MustCompile(`^\s*(?:'([^'\\]*)'|"([^"\\]*)")\s*$`)
 
+// policySettings are the admission policy's variables that say which Pods
+// are the provider's: on a Node whose name starts with nodePrefix, or
+// carrying the label labelKey=labelValue. An empty string turns one off.
+type policySettings struct {
+	nodePrefix, labelKey, labelValue string
+}
+
+// checkAdmission checks that the admission policy lets Reaper write the
+// provider's Pods and only them: the policy is in the cluster and bound to
+// deny; its settings can be read; its node prefix matches the provider's
+// Nodes, or failing that its label is on the Pods there.
 func (r *run) checkAdmission(ctx context.Context) {
 	check := "admission policy " + PolicyName
 	if r.kubeUnreachable(check) {
 		return
 	}
+	policy, ok := r.readBoundPolicy(ctx, check)
+	if !ok {
+		return
+	}
+	settings, ok := r.readPolicySettings(check, policy)
+	if !ok {
+		return
+	}
+	nodes, ok := r.readProviderNodes(ctx, check)
+	if !ok {
+		return
+	}
+	prefix := settings.nodePrefix
+	matched, unmatched := splitByPrefix(nodes, prefix)
+	switch {
+	case len(matched) > 0 && len(unmatched) == 0:
+		r.add(check, Pass, fmt.Sprintf("node prefix %q matches the provider's Nodes %s", prefix, strings.Join(matched, ", ")), "")
+	case len(matched) > 0:
+		r.add(check, Warn, fmt.Sprintf("node prefix %q matches %s but not %s: Reaper may not write the Pods on those", prefix, strings.Join(matched, ", "), strings.Join(unmatched, ", ")),
+			nodePrefixFix(unmatched)+"; or narrow -provider-nodes if those Nodes are another provider's")
+	case settings.labelKey != "":
+		r.checkProviderLabel(ctx, check, settings, nodes)
+	default:
+		r.add(check, Fail, nodePrefixMismatch(prefix, nodes)+": every status write Reaper makes is refused", nodePrefixFix(nodes))
+	}
+}
+
+// readBoundPolicy reads the admission policy and its binding. When either
+// is missing, or the binding does not deny, it fails check and answers
+// false.
+func (r *run) readBoundPolicy(ctx context.Context, check string) (*admissionregistrationv1.ValidatingAdmissionPolicy, bool) {
 	adm := r.kube.AdmissionregistrationV1()
 	policy, err := adm.ValidatingAdmissionPolicies().Get(ctx, PolicyName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		r.add(check, Fail, "not in the cluster: nothing keeps Reaper's writes to the provider's Pods", admissionFix)
-		return
+		return nil, false
 	}
 	if err != nil {
 		r.add(check, Fail, "cannot read it: "+err.Error(), kubeRightsFix)
-		return
+		return nil, false
 	}
 	binding, err := adm.ValidatingAdmissionPolicyBindings().Get(ctx, PolicyName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		r.add(check, Fail, "the policy has no binding "+PolicyName+", so it refuses nothing", admissionFix)
-		return
+		return nil, false
 	case err != nil:
 		r.add(check, Fail, "cannot read its binding: "+err.Error(), kubeRightsFix)
-		return
+		return nil, false
 	case binding.Spec.PolicyName != PolicyName || !slices.Contains(binding.Spec.ValidationActions, admissionregistrationv1.Deny):
 		r.add(check, Fail, fmt.Sprintf("its binding names policy %q with actions %v, so it refuses nothing", binding.Spec.PolicyName, binding.Spec.ValidationActions), admissionFix)
-		return
+		return nil, false
 	}
+	return policy, true
+}
 
-	settings := map[string]string{}
+// readPolicySettings reads the policy's provider settings. A setting that
+// is not a plain string literal leaves the doctor unable to tell which
+// Pods the policy covers: it warns and answers false.
+func (r *run) readPolicySettings(check string, policy *admissionregistrationv1.ValidatingAdmissionPolicy) (policySettings, bool) {
+	var s policySettings
+	fields := map[string]*string{varNodePrefix: &s.nodePrefix, varLabelKey: &s.labelKey, varLabelValue: &s.labelValue}
 	for _, v := range policy.Spec.Variables {
-		if v.Name != varNodePrefix && v.Name != varLabelKey && v.Name != varLabelValue {
+		field, ok := fields[v.Name]
+		if !ok {
 			continue
 		}
 		m := celString.FindStringSubmatch(v.Expression)
 		if m == nil {
 			r.add(check, Warn, fmt.Sprintf("variable %s is %s, not a plain string: the doctor cannot tell which Pods it covers", v.Name, v.Expression),
 				"check by hand that it matches the provider's node names or Pod labels")
-			return
+			return policySettings{}, false
 		}
-		settings[v.Name] = m[1] + m[2]
+		*field = m[1] + m[2]
 	}
-	prefix, labelKey, labelValue := settings[varNodePrefix], settings[varLabelKey], settings[varLabelValue]
+	return s, true
+}
 
+// readProviderNodes lists the names of the Nodes Options.ProviderNodes
+// selects. With none the policy cannot be judged: it fails check and
+// answers false.
+func (r *run) readProviderNodes(ctx context.Context, check string) ([]string, bool) {
 	nodes, err := r.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: r.opts.ProviderNodes})
 	if err != nil {
 		r.add(check, Fail, "cannot list the Nodes "+r.opts.ProviderNodes+": "+err.Error(), kubeRightsFix)
-		return
+		return nil, false
 	}
 	if len(nodes.Items) == 0 {
 		r.add(check, Fail, "no Node is labelled "+r.opts.ProviderNodes+", so the doctor cannot tell whether the policy lets Reaper write the provider's Pods",
 			"start the provider's virtual node, or give the label selector its Nodes carry with -provider-nodes")
-		return
+		return nil, false
 	}
-	var matched, unmatched []string
-	providerNodes := map[string]bool{}
+	names := make([]string, 0, len(nodes.Items))
 	for _, n := range nodes.Items {
-		providerNodes[n.Name] = true
-		if prefix != "" && strings.HasPrefix(n.Name, prefix) {
-			matched = append(matched, n.Name)
+		names = append(names, n.Name)
+	}
+	return names, true
+}
+
+// splitByPrefix parts node names into those that start with prefix and
+// the rest; an empty prefix matches none, as in the policy.
+func splitByPrefix(names []string, prefix string) (matched, unmatched []string) {
+	for _, name := range names {
+		if prefix != "" && strings.HasPrefix(name, prefix) {
+			matched = append(matched, name)
 		} else {
-			unmatched = append(unmatched, n.Name)
+			unmatched = append(unmatched, name)
 		}
 	}
-	noMatch := fmt.Sprintf("node prefix %q matches none of the provider's Nodes (%s)", prefix, strings.Join(unmatched, ", "))
-	if prefix == "" {
-		noMatch = fmt.Sprintf("the node prefix is off (the provider's Nodes: %s)", strings.Join(unmatched, ", "))
-	}
-	prefixFix := fmt.Sprintf("set the policy's node prefix to the start of the provider's node names (%s): "+
-		"helm upgrade --install reaper charts/reaper --set admission.providerNodePrefix=<prefix>, "+
-		"or edit %s in deploy/admission.yaml (marked EDIT) and apply it again", strings.Join(unmatched, ", "), varNodePrefix)
-	switch {
-	case len(matched) > 0 && len(unmatched) == 0:
-		r.add(check, Pass, fmt.Sprintf("node prefix %q matches the provider's Nodes %s", prefix, strings.Join(matched, ", ")), "")
+	return matched, unmatched
+}
+
+// checkProviderLabel is the policy's other way to know the provider's
+// Pods, for when its node prefix matches none of the provider's Nodes: it
+// passes when a Pod on those Nodes carries the policy's label.
+func (r *run) checkProviderLabel(ctx context.Context, check string, settings policySettings, nodes []string) {
+	sel := labels.Set{settings.labelKey: settings.labelValue}.AsSelector().String()
+	// One page is enough: any Pod on the provider's Nodes with the label
+	// shows the provider puts it there.
+	pods, err := r.kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: sel, Limit: 500})
+	if err != nil {
+		r.add(check, Fail, "cannot list the Pods labelled "+sel+": "+err.Error(), kubeRightsFix)
 		return
-	case len(matched) > 0:
-		r.add(check, Warn, fmt.Sprintf("node prefix %q matches %s but not %s: Reaper may not write the Pods on those", prefix, strings.Join(matched, ", "), strings.Join(unmatched, ", ")),
-			prefixFix+"; or narrow -provider-nodes if those Nodes are another provider's")
-		return
 	}
-	if labelKey != "" {
-		sel := labels.Set{labelKey: labelValue}.AsSelector().String()
-		// One page is enough: any Pod on the provider's Nodes with the
-		// label shows the provider puts it there.
-		pods, err := r.kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: sel, Limit: 500})
-		if err != nil {
-			r.add(check, Fail, "cannot list the Pods labelled "+sel+": "+err.Error(), kubeRightsFix)
+	for _, p := range pods.Items {
+		if slices.Contains(nodes, p.Spec.NodeName) {
+			r.add(check, Pass, fmt.Sprintf("label %s is on the provider's Pods (%s/%s on %s)", sel, p.Namespace, p.Name, p.Spec.NodeName), "")
 			return
 		}
-		for _, p := range pods.Items {
-			if providerNodes[p.Spec.NodeName] {
-				r.add(check, Pass, fmt.Sprintf("label %s is on the provider's Pods (%s/%s on %s)", sel, p.Namespace, p.Name, p.Spec.NodeName), "")
-				return
-			}
-		}
-		r.add(check, Fail, noMatch+", and no Pod on them is labelled "+sel+": every status write Reaper makes is refused",
-			prefixFix+"; or have the provider label its Pods "+sel)
-		return
 	}
-	r.add(check, Fail, noMatch+": every status write Reaper makes is refused", prefixFix)
+	r.add(check, Fail, nodePrefixMismatch(settings.nodePrefix, nodes)+", and no Pod on them is labelled "+sel+": every status write Reaper makes is refused",
+		nodePrefixFix(nodes)+"; or have the provider label its Pods "+sel)
+}
+
+// nodePrefixMismatch says that prefix matches none of the provider's
+// Nodes, or is off.
+func nodePrefixMismatch(prefix string, nodes []string) string {
+	if prefix == "" {
+		return fmt.Sprintf("the node prefix is off (the provider's Nodes: %s)", strings.Join(nodes, ", "))
+	}
+	return fmt.Sprintf("node prefix %q matches none of the provider's Nodes (%s)", prefix, strings.Join(nodes, ", "))
+}
+
+// nodePrefixFix says how to set the policy's node prefix so that it
+// matches the unmatched Nodes. The prefix is a value of the chart: the
+// manifests of deploy/ are its rendering and are not edited.
+func nodePrefixFix(unmatched []string) string {
+	return fmt.Sprintf("set the chart value admission.providerNodePrefix to the start of the provider's node names (%s): "+
+		"helm upgrade --install reaper charts/reaper --reuse-values --set admission.providerNodePrefix=<prefix>; "+
+		"without Helm in the cluster, render the manifests with it and the other values the deployment uses, and apply them: "+
+		"helm template reaper charts/reaper --set admission.providerNodePrefix=<prefix> | kubectl apply -f -", strings.Join(unmatched, ", "))
 }
 
 func (r *run) checkFlowSchema(ctx context.Context) {
