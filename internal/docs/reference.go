@@ -139,9 +139,11 @@ func writeTags(b *strings.Builder, root string, knobs []Knob) error {
 	for i := range keys.NumField() {
 		envOf[keys.Type().Field(i).Name] = strings.ReplaceAll(keys.Field(i).String(), "-", "_")
 	}
-	withUID := sampleOpts
+	withUID, withToken := sampleOpts, sampleOpts
 	withUID.ClusterUID = "<kube-system UID>"
+	withToken.ExitToken = userdata.NewExitToken()
 	always, optional := userdata.Tags(samplePod, sampleOpts), userdata.Tags(samplePod, withUID)
+	tokened := userdata.Tags(samplePod, withToken)
 	defaults := reflect.ValueOf(model.DefaultTagKeys())
 
 	b.WriteString(`## Instance tags
@@ -163,6 +165,10 @@ Source: ` + "`model.TagKeys`" + ` ([pkg/model](../pkg/model/contract.go)).
 			value, written = code(always[key]), "always"
 		case key != "" && optional[key] != "":
 			value, written = code(optional[key]), "when `ClusterUID` is set"
+		case key != "" && tokened[key] != "":
+			// A hash of a token drawn here would say nothing: the row
+			// says what it is the hash of.
+			value, written = "SHA-256 of the exit token", "by `Launch`; by `Tags` when `ExitToken` is set"
 		}
 		var knob string
 		for _, k := range knobs {

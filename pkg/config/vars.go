@@ -80,7 +80,7 @@ var Vars = []Var{
 	{Name: "REAPER_TAG_CLUSTER_UID", Default: model.DefaultTagClusterUID,
 		Doc: "Tag key of the cluster identity (the UID of the cluster's `kube-system` namespace): an instance is an orphan only when it equals the identity of the apiserver Reaper reaches."},
 	{Name: "REAPER_TAG_EXIT_TOKEN", Default: model.DefaultTagExitToken,
-		Doc: "Tag key of the SHA-256 of the launch's exit token: an exit line for an instance with this tag is believed only when it carries the token. Instances without it keep the other tags' checks."},
+		Doc: "Tag key of the SHA-256 of each launch's [exit token](provider.md#the-exit-token)."},
 	{Name: "REAPER_TAG_POD_WRITTEN",
 		Doc: "Tag key Reaper puts on a running instance once its Pod carries its terminal exit, for hosts that power off when the Pod is written; needs `REAPER_POWER_OFF_GRACE` and a key the instance metadata can show (no `/`). Unset: Reaper tags nothing."},
 	{Name: "REAPER_LOG_LEVEL", Default: "info",

@@ -88,12 +88,10 @@ type TagKeys struct {
 	// orphan only when it equals the identity of the apiserver Reaper
 	// reaches, so an instance without it is never terminated as one.
 	ClusterUID string
-	// ExitToken carries the SHA-256 of the launch's exit token (ExitTokenHash),
-	// a random secret the provider puts in the host's configuration only:
-	// the wrapper adds it to every exit line, and Reaper believes a line for
-	// an instance with this tag only when the line's token hashes to it, so a
-	// host cannot speak for another instance's Pod. An instance without it
-	// keeps the checks of the other tags alone.
+	// ExitToken carries the SHA-256 (ExitTokenHash) of the launch's exit
+	// token, the secret the host's wrapper adds to every exit line: Reaper
+	// believes a line for an instance with this tag only when the line's
+	// token hashes to it, so no other host can speak for its Pod.
 	ExitToken string
 	// PodWritten, when set, is the tag Reaper puts on a running instance
 	// once it has written its Pod's terminal status, its value the time of

@@ -181,14 +181,11 @@ type Options struct {
 	TagKeys model.TagKeys
 	// ExitToken is the launch's exit token, a secret of 32 to 128 letters,
 	// digits, - and _ (model.ValidExitToken): the wrapper's configuration,
-	// readable by root only, carries it and puts it in every exit line, and
-	// the instance carries only its hash, as the exit-token tag
-	// (TagKeys.ExitToken). Reaper then believes a line for the instance only
-	// when it carries the token, so another host cannot speak for this
-	// one's Pod. Launch draws a new one (NewExitToken) when it is empty;
-	// Render, WrapperConfig and Tags take it as it is, so give them the
-	// same one for one launch, and a new one for every launch. Without it
-	// the instance keeps the checks of the other tags alone.
+	// readable by root only, carries it into every exit line, and the tags
+	// only its hash (TagKeys.ExitToken). Launch draws a new one
+	// (NewExitToken) when it is empty; Render, WrapperConfig and Tags take
+	// it as it is: give them the same one for one launch, and a new one for
+	// every launch. Empty there, the instance gets no exit-token tag.
 	ExitToken string
 }
 
