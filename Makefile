@@ -8,6 +8,8 @@ SETUP     := eval "$$(hack/setup.sh)"
 # The demo and the local invokes need only the stack: no kube-controller-manager,
 # staticcheck or shellcheck.
 SETUP_DEMO := eval "$$(hack/setup.sh demo)"
+# A synth needs only the CDK CLI and the Go modules: nothing of the stack.
+SETUP_DEPLOY := eval "$$(hack/setup.sh deploy)"
 GOFLAGS_LAMBDA := -trimpath -tags lambda.norpc -ldflags="-s -w"
 
 .PHONY: all setup build test lint replay invoke bench clean
@@ -53,11 +55,11 @@ bench: setup
 
 # cdk.out/<stack>.template.json and its assets; needs no AWS account or
 # credentials. `sam local invoke -t cdk.out/Reaper-<cluster>.template.json` runs on it.
-# Knobs (README, "Context knobs") go in CDK_CONTEXT, e.g.
+# Knobs (docs/reference.md, "CDK context knobs") go in CDK_CONTEXT, e.g.
 # make synth CDK_CONTEXT="-c eksCluster=prod -c alarmEmail=ops@example.com"
 .PHONY: synth
-synth: setup build
-	@$(SETUP) && JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 "$$REAPER_CDK" synth --quiet --no-lookups $(CDK_CONTEXT)
+synth: build
+	@$(SETUP_DEPLOY) && "$$REAPER_CDK" synth --quiet --no-lookups $(CDK_CONTEXT)
 
 clean:
 	rm -rf build cdk.out

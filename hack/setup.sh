@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Installs or builds everything the local stack, the tests and `make replay` need,
-# and prints the environment that points at it. Idempotent and cached outside the
-# clone (REAPER_CACHE, default ~/.cache/reaper): a warm run takes about a second.
+# or only what a deploy needs, and prints the environment that points at it.
+# Idempotent and cached outside the clone (REAPER_CACHE, default ~/.cache/reaper):
+# a warm run takes about a second.
 #
-# Usage: eval "$(hack/setup.sh)"        everything the tests need
-#        eval "$(hack/setup.sh demo)"   only what `make replay` and `make invoke`
-#                                       run: etcd, kube-apiserver, dynalite, the
-#                                       Lambda runtime interface emulator
+# Usage: eval "$(hack/setup.sh)"          everything the tests need
+#        eval "$(hack/setup.sh demo)"     only what `make replay` and `make invoke`
+#                                         run: etcd, kube-apiserver, dynalite, the
+#                                         Lambda runtime interface emulator
+#        eval "$(hack/setup.sh deploy)"   only what `make synth` and `cdk deploy`
+#                                         run: the CDK CLI (also put on PATH as
+#                                         cdk) and the Go modules of the CDK app
+#                                         and the functions; nothing of the stack
 # Progress goes to stderr, with a heartbeat during long builds; exports to stdout.
 set -euo pipefail
 
 profile=${1:-all}
 case $profile in
-  all | demo) ;;
-  *) printf 'usage: hack/setup.sh [all|demo]\n' >&2; exit 2 ;;
+  all | demo | deploy) ;;
+  *) printf 'usage: hack/setup.sh [all|demo|deploy]\n' >&2; exit 2 ;;
 esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,10 +34,20 @@ say() { printf 'setup: %s\n' "$*" >&2; }
 
 # with_heartbeat WHAT CMD...: runs CMD, saying every 30 s that WHAT is still
 # going, so that a first build of many minutes is not mistaken for a hang.
+# The heartbeat ends its own sleep when it is stopped: a sleep left behind
+# would hold the script's stderr open, and whoever reads it would wait.
 with_heartbeat() {
   local what=$1 start=$SECONDS
   shift
-  (while sleep 30; do say "still $what: $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s"; done) &
+  (
+    trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep 30 &
+      nap=$!
+      wait "$nap"
+      say "still $what: $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s"
+    done
+  ) &
   local beat=$!
   local rc=0
   "$@" || rc=$?
@@ -40,6 +55,64 @@ with_heartbeat() {
   wait "$beat" 2>/dev/null || true
   return "$rc"
 }
+
+# npm_ci DIR: installs the package.json and package-lock.json in DIR.tmp with
+# npm ci, then moves DIR.tmp to DIR, so that an interrupted install leaves no
+# DIR that looks complete.
+npm_ci() {
+  (cd "$1.tmp" && with_heartbeat "installing npm packages" npm ci --no-audit --no-fund --loglevel=error >&2)
+  rm -rf "$1"
+  mv "$1.tmp" "$1"
+}
+
+# Node tools: dynalite and the CDK CLI, pinned by tools/node/package-lock.json.
+lock_sum=$(cat "$root/tools/node/package.json" "$root/tools/node/package-lock.json" | sha256sum | cut -c1-16)
+node_dir=$cache/node-$lock_sum
+
+if [ "$profile" = deploy ]; then
+  # The CDK CLI alone, at the version and integrity hash the lock pins: dynalite
+  # would bring classic-level, which compiles native code where no prebuilt
+  # binary fits, and an operator's machine need not have a compiler. A cache
+  # that holds all the Node tools already has the CLI.
+  cdk_dir=$node_dir
+  if [ ! -d "$node_dir/node_modules" ]; then
+    cdk_dir=$cache/node-cdk-$lock_sum
+  fi
+  if [ ! -d "$cdk_dir/node_modules" ]; then
+    command -v npm >/dev/null 2>&1 || { say "the CDK CLI needs Node.js and npm: install Node.js 20 or later"; exit 1; }
+    say "installing the CDK CLI with npm"
+    rm -rf "$cdk_dir.tmp"
+    mkdir -p "$cdk_dir.tmp"
+    node - "$root/tools/node/package-lock.json" "$cdk_dir.tmp" <<'JS'
+// Writes a package.json and a package-lock.json that hold aws-cdk alone, as
+// tools/node/package-lock.json pins it.
+const fs = require("fs");
+const [lockFile, dir] = process.argv.slice(2);
+const lock = JSON.parse(fs.readFileSync(lockFile, "utf8"));
+const cli = lock.packages["node_modules/aws-cdk"];
+if (!cli) throw new Error(`${lockFile} pins no aws-cdk`);
+// The CLI ships bundled, without dependencies; one that had some would need
+// them pinned here too.
+if (Object.keys({ ...cli.dependencies, ...cli.optionalDependencies }).length > 0) {
+  throw new Error(`aws-cdk ${cli.version} has dependencies: pin them in hack/setup.sh's deploy profile`);
+}
+const root = { name: "reaper-cdk-cli", private: true, dependencies: { "aws-cdk": lock.packages[""].dependencies["aws-cdk"] } };
+fs.writeFileSync(`${dir}/package.json`, JSON.stringify(root, null, 2) + "\n");
+fs.writeFileSync(`${dir}/package-lock.json`, JSON.stringify(
+  { name: root.name, lockfileVersion: lock.lockfileVersion, requires: true, packages: { "": root, "node_modules/aws-cdk": cli } }, null, 2) + "\n");
+JS
+    npm_ci "$cdk_dir"
+  fi
+  # `go run ./infra/app` (cdk.json) and `make build` compile these; fetching
+  # their modules now keeps the first synth from doing it under the CLI.
+  (cd "$root" && with_heartbeat "downloading Go modules" go list -deps ./infra/app ./functions/... >/dev/null)
+  cat <<ENV
+export REAPER_CDK='$cdk_dir/node_modules/.bin/cdk'
+export PATH='$cdk_dir/node_modules/.bin':"\$PATH"
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20
+ENV
+  exit 0
+fi
 
 # Debian packages: etcd for the apiserver, shellcheck for rendered user-data.
 need_apt=()
@@ -92,17 +165,12 @@ if [ "$profile" = all ] && [ ! -x "$bin/staticcheck-$STATICCHECK_VERSION" ]; the
   rmdir "$tmp"
 fi
 
-# Node tools: dynalite and the CDK CLI, pinned by tools/node/package-lock.json.
-lock_sum=$(cat "$root/tools/node/package.json" "$root/tools/node/package-lock.json" | sha256sum | cut -c1-16)
-node_dir=$cache/node-$lock_sum
 if [ ! -d "$node_dir/node_modules" ]; then
   say "installing dynalite and the CDK CLI with npm"
   rm -rf "$node_dir.tmp"
   mkdir -p "$node_dir.tmp"
   cp "$root/tools/node/package.json" "$root/tools/node/package-lock.json" "$node_dir.tmp/"
-  (cd "$node_dir.tmp" && with_heartbeat "installing npm packages" npm ci --no-audit --no-fund --loglevel=error >&2)
-  rm -rf "$node_dir"
-  mv "$node_dir.tmp" "$node_dir"
+  npm_ci "$node_dir"
 fi
 
 if [ "$profile" = all ]; then
