@@ -50,7 +50,7 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 			slog.Bool("managed", e.ec2.Managed), slog.String("cluster", e.ec2.Cluster))
 		for _, it := range e.items {
 			if it.Kind == workqueue.KindExit {
-				if err := b.rejectClaim(ctx, e, *it.Pod, trust(*it.Pod, e.ec2, nil)); err != nil {
+				if err := b.rejectClaim(ctx, e, *it.Pod, trust(claimOf(it), e.ec2, nil)); err != nil {
 					return err
 				}
 			}
@@ -66,7 +66,7 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 	for _, it := range items {
 		switch it.Kind {
 		case workqueue.KindExit:
-			if reason := trust(*it.Pod, e.ec2, rec); reason != "" {
+			if reason := trust(claimOf(it), e.ec2, rec); reason != "" {
 				if reason == model.ReasonInstanceUnknown && it.Checks+1 < unknownChecks {
 					b.checkAgain(it.Message)
 					continue

@@ -638,3 +638,41 @@ func TestUnknownInstancesAreCheap(t *testing.T) {
 		t.Fatalf("%d rechecks deferred unchecked, want %d (sent %d sends)", deferred, flood-maxRechecks, len(q.Sent))
 	}
 }
+
+// An instance launched with an exit token carries its hash as a launch
+// tag: a line is believed only with the token whose hash it is, so a host
+// that writes into another instance's log stream cannot speak for that
+// instance's Pod, even naming it right. An instance launched without the
+// tag keeps the other checks.
+func TestExitTokenDecides(t *testing.T) {
+	const token = "a-token-only-the-instances-own-host-knows-0123456789"
+	tagged := owned(instanceOf(1), podOf(1))
+	tagged.ExitTokenHash = model.ExitTokenHash(token)
+	w := fakes.NewWorld(tagged, owned(instanceOf(2), podOf(2)))
+	w.Pods[podOf(1)], w.Pods[podOf(2)] = true, true
+	core, l, _ := newBatchCore(w)
+	var emf bytes.Buffer
+	core.Metrics = metrics.New(slog.New(slog.NewJSONHandler(&emf, nil)), "Reaper", metrics.FunctionReconciler)
+	forged, wrong := exitMsg(1, 0), exitMsg(1, 0)
+	wrong.TokenHash = model.ExitTokenHash("another-host's-token-0123456789-abcdef")
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, forged)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, wrong)); err != nil {
+		t.Fatal(err)
+	}
+	if n := countOf(t, emf.String(), metrics.LinesRejected, model.ReasonTokenMismatch); n != 2 || len(w.Log) != 0 || l.Recs[instanceOf(1)].Exit != nil {
+		t.Fatalf("%d refused for their token, steps %q, record %+v: want both refused, nothing written", n, w.Log, l.Recs[instanceOf(1)])
+	}
+	real := exitMsg(1, 0)
+	real.TokenHash = model.ExitTokenHash(token)
+	untagged := exitMsg(2, 0)
+	if _, err := core.HandleQueueEvent(t.Context(), batch(t, real, untagged)); err != nil {
+		t.Fatal(err)
+	}
+	got := slices.Clone(w.Log[:2])
+	slices.Sort(got)
+	if want := []string{"pod jobs/job-1 exit/0", "pod jobs/job-2 exit/0"}; !slices.Equal(got, want) {
+		t.Fatalf("steps %q, want both Pods written: the line with the token, and the one of the instance without the tag", w.Log)
+	}
+}

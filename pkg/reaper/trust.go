@@ -9,18 +9,27 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
+	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
-// trust is the one check of a claim, a Pod said to run on an instance: ""
-// believes it, anything else is the reason it is not believed. While EC2
-// describes the instance (ec2), its launch tags decide: managed, this
-// cluster, and the same Pod namespace, name and UID. Once EC2 no longer
-// knows it, a record checked against those tags while it did (rec) backs
-// a claim of the Pod it names: the exit of a Pod whose lookups failed until
-// EC2 forgot its instance still counts.
-func trust(claim model.PodRef, ec2 *instances.Instance, rec *ledger.Record) string {
+// claim is what a message says of an instance: the Pod it runs and, for
+// an exit line, the hash of the exit token the line carried ("" none).
+type claim struct {
+	pod       model.PodRef
+	tokenHash string
+}
+
+// trust is the one check of a claim: "" believes it, anything else is the
+// reason it is not believed. While EC2 describes the instance (ec2), its
+// launch tags decide: managed, this cluster, the same Pod namespace, name
+// and UID, and, when the instance carries an exit-token hash, the same
+// hash: only its own host knows the token, so no other host can speak for
+// its Pod. Once EC2 no longer knows it, a record checked against those
+// tags while it did (rec) backs a claim of the Pod it names: the exit of a
+// Pod whose lookups failed until EC2 forgot its instance still counts.
+func trust(c claim, ec2 *instances.Instance, rec *ledger.Record) string {
 	if ec2 == nil {
-		if rec != nil && !rec.Unverified && rec.Pod.UID != "" && rec.Pod == claim {
+		if rec != nil && !rec.Unverified && rec.Pod.UID != "" && rec.Pod == c.pod {
 			return ""
 		}
 		return model.ReasonInstanceUnknown
@@ -32,11 +41,16 @@ func trust(claim model.PodRef, ec2 *instances.Instance, rec *ledger.Record) stri
 		return model.ReasonOtherCluster
 	case ec2.Pod.UID == "":
 		return model.ReasonNoPodTags
-	case ec2.Pod != claim:
+	case ec2.Pod != c.pod:
 		return model.ReasonPodMismatch
+	case ec2.ExitTokenHash != "" && c.tokenHash != ec2.ExitTokenHash:
+		return model.ReasonTokenMismatch
 	}
 	return ""
 }
+
+// claimOf is an exit message's claim.
+func claimOf(it workqueue.Item) claim { return claim{pod: *it.Pod, tokenHash: it.TokenHash} }
 
 // believe returns what Reaper may act on in rec, given the instance as EC2
 // describes it (nil: EC2 no longer knows it). A nil view acts on nothing,
@@ -53,7 +67,8 @@ func believe(rec ledger.Record, ec2 *instances.Instance) (view *ledger.Record, r
 		}
 		return &rec, ""
 	}
-	if reason := trust(ec2.Pod, ec2, nil); reason != "" {
+	// The record's exit was checked, its token too, when it was recorded.
+	if reason := trust(claim{pod: ec2.Pod, tokenHash: ec2.ExitTokenHash}, ec2, nil); reason != "" {
 		return nil, reason
 	}
 	if rec.Pod != ec2.Pod {
