@@ -40,6 +40,9 @@ const (
 	podUID     = "5f0c8e1a-7b5d-4c3e-9a41-2d6f0b8c1e11"
 	logGroup   = "/reaper/exits"
 	filterName = "reaper-exits"
+	// exitToken is the sample launch's exit token, which its lines carry
+	// and its claims only as a hash.
+	exitToken = "3c9e1f0a7b2d4c6e8f1a3b5c7d9e0f2a4b6c8d0e1f3a5b7c9d1e2f4a6b8c0d2e"
 )
 
 var (
@@ -54,7 +57,7 @@ func exitLine(change func(*exitline.Line)) exitline.Line {
 		Reaper: exitline.Kind, V: exitline.Version, InstanceID: instanceID,
 		PodNamespace: namespace, PodName: podName, PodUID: podUID,
 		Container: "main", ContainerID: "8c4f2a9e1b7d3c5f6a0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a",
-		ExitCode: 0, StartedAt: started, FinishedAt: finished,
+		ExitCode: 0, StartedAt: started, FinishedAt: finished, Token: exitToken,
 	}
 	if change != nil {
 		change(&l)
@@ -152,6 +155,7 @@ const (
 	secondInstanceID = "i-0123456789abcdef1"
 	secondPodName    = "sample-job-2"
 	secondPodUID     = "9d2b7c44-1e6a-4f0b-8c35-6a7e9f1d2b22"
+	secondExitToken  = "b7d2e9a4c1f6083e5a7c9b1d3f5e7a9c0b2d4f6e8a1c3e5b7d9f0a2c4e6b8d1f"
 	workQueueARN     = "arn:aws:sqs:" + region + ":" + account + ":reaper-work"
 )
 
@@ -160,12 +164,15 @@ const (
 func exitClaim(change func(*exitline.Line)) workqueue.Message {
 	l := exitLine(change)
 	pod, exit := l.Claim()
-	return workqueue.Exit(l.InstanceID, pod, exit)
+	m := workqueue.Exit(l.InstanceID, pod, exit)
+	m.TokenHash = l.TokenHash()
+	return m
 }
 
-// onSecond moves an exit line to the second instance and its Pod.
+// onSecond moves an exit line to the second instance, its Pod and its
+// launch's exit token.
 func onSecond(l *exitline.Line) {
-	l.InstanceID, l.PodName, l.PodUID = secondInstanceID, secondPodName, secondPodUID
+	l.InstanceID, l.PodName, l.PodUID, l.Token = secondInstanceID, secondPodName, secondPodUID, secondExitToken
 }
 
 // queueEvent is the batch the work queue's event source mapping hands the
