@@ -1,6 +1,6 @@
 // Command app is Reaper's default CDK app: one stack holding the Reaper
 // construct, configured from CDK context (`cdk deploy -c key=value`, or the
-// "context" of cdk.json). See the README's Deploy section for the knobs.
+// "context" of cdk.json). The knobs: docs/reference.md, "CDK context knobs".
 package main
 
 import (
@@ -153,7 +153,20 @@ var knobs = []knob{
 		p.OrphanCap = &f
 		return err
 	}},
-	{"powerOffGrace", duration(func(p *reapercdk.Props) *time.Duration { return &p.PowerOffGrace })},
+	{"powerOffGrace", func(p *reapercdk.Props, v string) error {
+		g, err := time.ParseDuration(v)
+		switch {
+		case err != nil:
+			return err
+		case g < 0:
+			return errors.New("use 0 (terminate at once) or a positive duration")
+		case g == 0:
+			// The props' zero is the construct's default grace.
+			g = reapercdk.NoPowerOffGrace
+		}
+		p.PowerOffGrace = g
+		return nil
+	}},
 	{"metricsNamespace", str(func(p *reapercdk.Props) *string { return &p.MetricsNamespace })},
 	{"terminateLatencyAlarm", duration(func(p *reapercdk.Props) *time.Duration { return &p.TerminateLatencyAlarm })},
 	{"alarmEmail", str(func(p *reapercdk.Props) *string { return &p.AlarmEmail })},

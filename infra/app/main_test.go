@@ -222,10 +222,11 @@ func TestBadKnobs(t *testing.T) {
 			"reconcilerBatchSize":   "all",
 			"queueAgeAlarm":         "-1m",
 			"orphanCap":             "ten percent",
+			"powerOffGrace":         "-5s",
 		}))
 	})
 	for _, want := range []string{`exitWait="soon"`, `dryRun="maybe"`, `memoryMb="lots"`, `exitLogRetentionDays="10": CloudWatch Logs keeps [1 3 5 7 14 30`, `tableRemovalPolicy="snapshot"`, `terminateLatencyAlarm="0s": must be positive`,
-		`ec2Share="half"`, `reconcilerBatchSize="all"`, `queueAgeAlarm="-1m": must be positive`, `orphanCap="ten percent"`} {
+		`ec2Share="half"`, `reconcilerBatchSize="all"`, `queueAgeAlarm="-1m": must be positive`, `orphanCap="ten percent"`, `powerOffGrace="-5s": use 0 (terminate at once) or a positive duration`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v, want it to mention %s", err, want)
 		}
@@ -239,6 +240,34 @@ func TestBadKnobs(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "ClusterName is required") {
 		t.Errorf("kubeconfig without clusterName: %v", err)
+	}
+}
+
+// TestNoPowerOffGrace sets `-c powerOffGrace=0`, for hosts that leave their
+// end to Reaper: no function gets a grace, so the functions' default, none,
+// holds; the Pod-written tag, whose hosts need a grace, is refused with it.
+func TestNoPowerOffGrace(t *testing.T) {
+	var (
+		stack awscdk.Stack
+		err   error
+	)
+	cdktest.Must(t, func() {
+		stack, _, err = newStack(appWith(t, map[string]any{"eksCluster": "demo", "powerOffGrace": "0"}))
+	})
+	if err != nil {
+		t.Fatalf("powerOffGrace=0: %v", err)
+	}
+	tmpl := cdktest.Template(t, stack)
+	cdktest.Must(t, func() {
+		tmpl.AllResourcesProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{"REAPER_POWER_OFF_GRACE": assertions.Match_Absent()})},
+		})
+	})
+	cdktest.Must(t, func() {
+		_, _, err = newStack(appWith(t, map[string]any{"eksCluster": "demo", "powerOffGrace": "0", "tagPodWritten": "reaper.io:pod-written"}))
+	})
+	if err == nil || !strings.Contains(err.Error(), "Tags.PodWritten needs a PowerOffGrace") {
+		t.Errorf("powerOffGrace=0 with tagPodWritten: %v, want the tag refused without a grace", err)
 	}
 }
 

@@ -156,7 +156,10 @@ type Props struct {
 	// PowerOffGrace is REAPER_POWER_OFF_GRACE of the sweeper and the
 	// reconciler: how long after a terminal exit an instance still running
 	// is left to power itself off (the default user-data's hosts do within
-	// seconds) before Reaper terminates it, 0 to 15m. Zero: at once.
+	// seconds) before Reaper terminates it, whole seconds up to 15m
+	// (default DefaultPowerOffGrace). NoPowerOffGrace: none, Reaper
+	// terminates once it has written the Pod, for hosts that leave their
+	// end to Reaper (userdata.ShutdownAfterDelay).
 	PowerOffGrace time.Duration
 	// RedriveRoles are the ARNs of roles, besides the functions', that may
 	// send to the work queue: the operators' role that redrives dead
@@ -223,6 +226,14 @@ const (
 	DefaultReconcilerBatchingWindow = time.Second
 	DefaultReconcilerMaxConcurrency = 2
 	DefaultEC2Share                 = 0.5
+	// DefaultPowerOffGrace outlasts the default user-data's power-off after
+	// the exit, and a burst's first batches, so that Reaper's
+	// TerminateInstances names only the hosts that do not power off; why
+	// this value, measured: docs/concepts.md, "How long".
+	DefaultPowerOffGrace = 30 * time.Second
+	// NoPowerOffGrace, as PowerOffGrace, sets none: Reaper terminates an
+	// instance as soon as it has written its Pod.
+	NoPowerOffGrace time.Duration = -1
 	// DefaultQueueAgeAlarm: the reconciler takes work within its batching
 	// window; work older than this waits on a reconciler that falls
 	// behind or fails.
@@ -285,6 +296,7 @@ func (p Props) withDefaults() Props {
 	orDefault(&p.ReconcilerBatchingWindow, DefaultReconcilerBatchingWindow)
 	orDefault(&p.ReconcilerMaxConcurrency, DefaultReconcilerMaxConcurrency)
 	orDefault(&p.EC2Share, DefaultEC2Share)
+	orDefault(&p.PowerOffGrace, DefaultPowerOffGrace)
 	orDefault(&p.QueueAgeAlarm, DefaultQueueAgeAlarm)
 	return p
 }
@@ -395,15 +407,15 @@ func (p Props) Validate() error {
 	if c := p.OrphanCap; c != nil && !(*c > 0 && *c <= 1) {
 		bad("OrphanCap %v: the fraction of the owned instances a sweep may terminate as orphans must be more than 0 and at most 1", *c)
 	}
-	if g := p.PowerOffGrace; g < 0 || g > 15*time.Minute || g%time.Second != 0 {
-		bad("PowerOffGrace %s: use whole seconds from 0 to 15m (a wake-up waits on the work queue, at most 15 minutes)", g)
+	if g := p.PowerOffGrace; g != NoPowerOffGrace && (g < 0 || g > 15*time.Minute || g%time.Second != 0) {
+		bad("PowerOffGrace %s: use whole seconds up to 15m (a wake-up waits on the work queue, at most 15 minutes), or NoPowerOffGrace", g)
 	}
 	if k := p.Tags.PodWritten; k != "" {
 		if !model.ValidMetadataTagKey(k) {
 			bad("Tags.PodWritten %q: the hosts read it through the instance metadata, whose tag keys hold only letters, digits and + - = . , _ : @ (no \"/\")", k)
 		}
-		if p.PowerOffGrace == 0 {
-			bad("Tags.PodWritten needs PowerOffGrace: without a grace the reconciler terminates an instance as soon as it has written its Pod, before its host reads the tag")
+		if p.PowerOffGrace == NoPowerOffGrace {
+			bad("Tags.PodWritten needs a PowerOffGrace: without a grace the reconciler terminates an instance as soon as it has written its Pod, before its host reads the tag")
 		}
 	}
 	for _, arn := range p.RedriveRoles {

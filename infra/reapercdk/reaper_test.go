@@ -169,9 +169,13 @@ func TestFunctions(t *testing.T) {
 			"REAPER_QUEUE_URL":         map[string]any{"Ref": workID},
 			"GOGC":                     "400",
 		}
-		// Only the functions that talk to Kubernetes learn how.
+		// Only the functions that talk to Kubernetes learn how; they also
+		// decide terminations, with the construct's power-off grace, not
+		// the functions' default (none).
+		env["REAPER_POWER_OFF_GRACE"] = assertions.Match_Absent()
 		if id == "Sweeper" || id == "Reconciler" {
 			env["REAPER_EKS_CLUSTER"] = "demo"
+			env["REAPER_POWER_OFF_GRACE"] = reapercdk.DefaultPowerOffGrace.String()
 		}
 		if id == "Reconciler" {
 			env["REAPER_DEAD_LETTER_QUEUE_URL"] = map[string]any{"Ref": dlqID}
@@ -984,7 +988,7 @@ func allOptions() reapercdk.Props {
 		QueueAgeAlarm:            10 * time.Minute,
 		OrphanCap:                jsii.Number(0.25),
 		RedriveRoles:             []string{"arn:aws:iam::123456789012:role/ops-redrive"},
-		PowerOffGrace:            30 * time.Second,
+		PowerOffGrace:            45 * time.Second,
 	}
 }
 
@@ -1024,7 +1028,7 @@ func TestOptions(t *testing.T) {
 		// other.
 		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
 			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
-				"REAPER_ORPHAN_CAP": "0.25", "REAPER_POWER_OFF_GRACE": "30s", "REAPER_EKS_CLUSTER": "prod",
+				"REAPER_ORPHAN_CAP": "0.25", "REAPER_POWER_OFF_GRACE": "45s", "REAPER_EKS_CLUSTER": "prod",
 			})},
 		}, jsii.Number(2))
 		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
@@ -1213,10 +1217,12 @@ func TestValidate(t *testing.T) {
 		"orphan cap above 1": {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(1.5)}, "OrphanCap 1.5: "},
 		"orphan cap NaN":     {reapercdk.Props{EKSCluster: "a", OrphanCap: jsii.Number(math.NaN())}, "OrphanCap NaN: "},
 		"redrive role":       {reapercdk.Props{EKSCluster: "a", RedriveRoles: []string{"ops-redrive"}}, `RedriveRoles "ops-redrive": give the ARN of an IAM role`},
-		"power-off grace":    {reapercdk.Props{EKSCluster: "a", PowerOffGrace: 20 * time.Minute}, "PowerOffGrace 20m0s: use whole seconds from 0 to 15m"},
+		"power-off grace":    {reapercdk.Props{EKSCluster: "a", PowerOffGrace: 20 * time.Minute}, "PowerOffGrace 20m0s: use whole seconds up to 15m"},
+		"negative grace":     {reapercdk.Props{EKSCluster: "a", PowerOffGrace: -5 * time.Second}, "PowerOffGrace -5s: use whole seconds up to 15m"},
+		"fractional grace":   {reapercdk.Props{EKSCluster: "a", PowerOffGrace: 2500 * time.Millisecond}, "PowerOffGrace 2.5s: use whole seconds"},
 		"pod-written slash": {reapercdk.Props{EKSCluster: "a", PowerOffGrace: 10 * time.Second, Tags: model.TagKeys{PodWritten: "reaper.io/pod-written"}},
 			`Tags.PodWritten "reaper.io/pod-written": the hosts read it through the instance metadata`},
-		"pod-written no grace": {reapercdk.Props{EKSCluster: "a", Tags: model.TagKeys{PodWritten: "reaper.io:pod-written"}}, "Tags.PodWritten needs PowerOffGrace"},
+		"pod-written no grace": {reapercdk.Props{EKSCluster: "a", PowerOffGrace: reapercdk.NoPowerOffGrace, Tags: model.TagKeys{PodWritten: "reaper.io:pod-written"}}, "Tags.PodWritten needs a PowerOffGrace"},
 		"no bootstrap":         {reapercdk.Props{EKSCluster: "a", BuildDir: t.TempDir()}, "exitrecorder/bootstrap is missing: run `make build`"},
 	} {
 		t.Run(name, func(t *testing.T) {
