@@ -50,7 +50,7 @@ var knobDocs = []knobDoc{
 	{key: "powerOffGrace", env: "REAPER_POWER_OFF_GRACE", def: "`30s`",
 		doc: "The [power-off grace](concepts.md#power-off-grace), in whole seconds up to 15m; `0`: none, Reaper terminates once it has written the Pod. The default is [measured](concepts.md#how-long-a-grace) against the default hosts."},
 	{key: "orphanCap", env: "REAPER_ORPHAN_CAP",
-		doc: "The most of the running owned instances one sweep may terminate as orphans, more than 0 and at most 1; the rest wait, and `…OrphansHeldBack` fires."},
+		doc: "The most of the running owned instances one sweep may terminate as orphans, more than 0 and at most 1, but never fewer than 5; the rest wait, and `…OrphansHeldBack` fires."},
 	{key: "redriveRoles", def: "none",
 		doc: "Comma-separated ARNs of roles, besides the functions', that may send to the work queue: the operators' role that redrives dead letters. Every other principal's sends are denied."},
 	{key: "terminateStopped", env: "REAPER_TERMINATE_STOPPED",
