@@ -278,12 +278,12 @@ func newestState(items []workqueue.Item) *ledger.StateChange {
 }
 
 // stateChecks is how often a state message EC2 does not confirm is checked
-// before it is refused: EC2's answers are eventually consistent, within
-// seconds, and DeferDelay apart these checks span minutes. A forged claim
-// is then refused, logged and counted; a real end EC2 was slow to show is
-// recorded at a later check, or by the sweep, which records gone states
-// from EC2's own listing.
-const stateChecks = 5
+// before it is refused, the most a message may carry: EC2's answers are
+// eventually consistent, within seconds, and DeferDelay apart these checks
+// span minutes. A forged claim is then refused, logged and counted; a real
+// end EC2 was slow to show is recorded at a later check, or by the sweep,
+// which records gone states from EC2's own listing.
+const stateChecks = workqueue.MaxChecks
 
 // unknownChecks is how often an exit claim for an instance EC2 does not
 // list (and the ledger does not know) is checked before it is refused:
