@@ -54,7 +54,7 @@ func runInvoke(ctx context.Context, args []string) error {
 	fn := fs.String("fn", "", "the function: exitrecorder, statechange, sweeper or reconciler (default: the one that takes the event)")
 	eventPath := fs.String("event", "", "the event file, e.g. events/exitrecorder/oom.json")
 	keepStack := fs.Bool("keep-stack", false, "keep the stack and the function running after the call, until interrupted")
-	keepTime := fs.Bool("keep-time", false, "send a state change, or a work item, with its own time (default: now, so the exit-wait window opens now)")
+	keepTime := fs.Bool("keep-time", false, "send a state change, or a work item, with its own time (default: now); a state change delivered late still opens the exit-wait window when Reaper first records it")
 	verbose := fs.Bool("v", false, "also print the log output of the function and the reconciler")
 	var env envFlag
 	fs.Var(&env, "env", "`K=V` added to the function's environment, e.g. REAPER_DRY_RUN=true (repeatable)")

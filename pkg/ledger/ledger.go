@@ -220,12 +220,23 @@ func (t *Table) Adopt(ctx context.Context, instanceID string, pod model.PodRef) 
 type StateChange struct {
 	State string
 	At    time.Time
+	// SeenAt is when Reaper learned it, on its own clock (zero: the time
+	// of the write): the first gone state's is the record's GoneSeenAt.
+	SeenAt time.Time
 	// AddsNoWork says the writer read the record off the pending index and
 	// found that this state leaves nothing to do (the exit terminal, its
 	// Pod written, the instance terminated): a gone state then keeps the
 	// record off the index, which saves the write that would take it off
 	// again. A write that does add work always sets the index itself.
 	AddsNoWork bool
+}
+
+// seenAt is when Reaper learned sc, or now when the writer did not say.
+func (sc StateChange) seenAt(now time.Time) time.Time {
+	if sc.SeenAt.IsZero() {
+		return now
+	}
+	return sc.SeenAt
 }
 
 // Rank orders states of one lifecycle, for events with equal times.
@@ -255,7 +266,7 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.Po
 	}
 	if sc.Gone() {
 		update = update.Set(expression.Name("gone"), expression.Value(model.Gone{State: sc.State, At: sc.At.UTC()})).
-			Set(expression.Name("goneSeenAt"), expression.Name("goneSeenAt").IfNotExists(expression.Value(timeAV(now))))
+			Set(expression.Name("goneSeenAt"), expression.Name("goneSeenAt").IfNotExists(expression.Value(timeAV(sc.seenAt(now)))))
 		if !sc.AddsNoWork {
 			update = update.Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID)))
 		}
@@ -283,8 +294,17 @@ type Done struct {
 	// Version: it leaves the pending index, unless a write in between
 	// (a higher version) added work.
 	Settled bool
-	Version int64
+	// ForgetStates, with Settled, says the record settles ended by
+	// Reaper's own steps (its terminal exit written to its Pod, its
+	// instance terminated): the instance's states are removed, as a record
+	// so settled never records them, so that it ends the same whichever
+	// came first, EC2's state changes or Reaper's settling.
+	ForgetStates bool
+	Version      int64
 }
+
+// stateAttributes are the attributes a state change writes.
+var stateAttributes = []string{"lastState", "lastStateAt", "lastStateRank", "gone", "goneSeenAt"}
 
 // MarkDone records finished side effects. Steps only ever move to done,
 // and a step done twice is still done.
@@ -309,6 +329,11 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 		version := expression.Name("version")
 		builder = builder.WithCondition(expression.Or(version.AttributeNotExists(), version.Equal(expression.Value(d.Version))))
 		update = update.Remove(expression.Name(PendingAttribute))
+		if d.ForgetStates {
+			for _, name := range stateAttributes {
+				update = update.Remove(expression.Name(name))
+			}
+		}
 	} else {
 		update = update.Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID)))
 	}

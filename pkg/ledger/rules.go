@@ -53,7 +53,7 @@ func WithState(rec Record, id string, pod model.PodRef, sc StateChange, now time
 	if sc.Gone() {
 		rec.Gone = &model.Gone{State: sc.State, At: sc.At.UTC()}
 		if rec.GoneSeenAt.IsZero() {
-			rec.GoneSeenAt = now.UTC()
+			rec.GoneSeenAt = sc.seenAt(now).UTC()
 		}
 		if !sc.AddsNoWork {
 			rec.Pending = pendingValue(id)
@@ -84,6 +84,9 @@ func WithDone(rec Record, id string, d Done, now time.Time) Record {
 	rec.Pending = pendingValue(id)
 	if d.Settled && (rec.Version == 0 || rec.Version == d.Version) {
 		rec.Pending = ""
+		if d.ForgetStates {
+			rec.LastState, rec.LastStateAt, rec.LastStateRank, rec.Gone, rec.GoneSeenAt = "", time.Time{}, 0, nil, time.Time{}
+		}
 	}
 	touch(&rec, now)
 	return rec

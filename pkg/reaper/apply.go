@@ -132,6 +132,7 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 	if sc == nil {
 		return false, nil
 	}
+	sc.SeenAt = b.Now()
 	if *rec != nil && endedByReaper(**rec) {
 		// The gone state is what Reaper's own terminate made true, and
 		// the record is settled: nothing to record. In a burst these are

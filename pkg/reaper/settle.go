@@ -76,7 +76,7 @@ func (b *batchRun) mark(ctx context.Context) {
 	var g errgroup.Group
 	g.SetLimit(ledgerWorkers)
 	for _, e := range b.entries {
-		d, write := e.done()
+		d, write := e.done(b.Now())
 		if !write {
 			continue
 		}
@@ -103,8 +103,10 @@ func (b *batchRun) mark(ctx context.Context) {
 // for, its instance ended if the plan ended it. It reads the plan and the
 // steps' results; it decides nothing again. Work that goes to the
 // dead-letter queue settles its record too: the sweep does not queue it
-// again, and a redrive of the dead letter retries it.
-func (e *entry) done() (ledger.Done, bool) {
+// again, and a redrive of the dead letter retries it. A record that
+// settles ended by Reaper's own steps forgets its instance's states
+// (Done.ForgetStates), as one so settled never records them.
+func (e *entry) done(now time.Time) (ledger.Done, bool) {
 	if e.view == nil {
 		return e.orphanDone()
 	}
@@ -121,7 +123,9 @@ func (e *entry) done() (ledger.Done, bool) {
 	}
 	podDone := e.plan.Pod == nil || e.podErr == nil
 	d.Settled = (podDone && e.plan.WaitUntil.IsZero() && (!e.plan.End.Now || d.Terminated)) || e.deadLetter()
-	write := d.PodSynced != "" || d.Terminated || d.Refused != "" || d.Settled == (e.view.Pending != "")
+	after := ledger.WithDone(*e.view, e.id, d, now)
+	d.ForgetStates = d.Settled && endedByReaper(after) && (e.view.LastState != "" || e.view.Gone != nil)
+	write := d.PodSynced != "" || d.Terminated || d.Refused != "" || d.Settled == (e.view.Pending != "") || d.ForgetStates
 	return d, write
 }
 

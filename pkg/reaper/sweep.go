@@ -235,7 +235,7 @@ func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.In
 	var mu sync.Mutex
 	wrote := map[string]bool{}
 	err := sweepWrites(ctx, ids, sum, func(id string) error {
-		rec, err := r.Ledger.RecordState(ctx, id, managed[id].Pod, ledger.StateChange{State: managed[id].State, At: now})
+		rec, err := r.Ledger.RecordState(ctx, id, managed[id].Pod, ledger.StateChange{State: managed[id].State, At: now, SeenAt: now})
 		if err != nil {
 			return err
 		}
