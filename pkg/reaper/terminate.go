@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -127,14 +126,4 @@ func (r *Reaper) terminationRefused(ctx context.Context, id string, pod model.Po
 	if err := r.Pods.Warn(ctx, pod, id, "TerminationRefused", msg); err != nil {
 		r.Log.LogAttrs(ctx, slog.LevelWarn, "event not posted", slog.String("instance", id), slog.String("error", err.Error()))
 	}
-}
-
-// sortedIDs are the ids of entries, sorted.
-func sortedIDs(es []*entry) []string {
-	ids := make([]string, len(es))
-	for i, e := range es {
-		ids[i] = e.id
-	}
-	slices.Sort(ids)
-	return ids
 }
