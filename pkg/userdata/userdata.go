@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"text/template"
 	"time"
@@ -427,7 +428,17 @@ type resolved struct {
 }
 
 func (o Options) resolve() (resolved, error) {
-	var errs []error
+	o = o.withDefaults()
+	errs := slices.Concat(o.pathErrors(), o.shutdownErrors(), o.dockerRunErrors(), o.identityErrors())
+	if len(errs) > 0 {
+		return resolved{}, fmt.Errorf("userdata: invalid options: %w", errors.Join(errs...))
+	}
+	secs := int((o.ShutdownDelay + time.Second - 1) / time.Second)
+	return resolved{Options: o, delaySeconds: secs}, nil
+}
+
+// withDefaults is o with every unset option at its default.
+func (o Options) withDefaults() Options {
 	if o.LogGroup == "" && o.Cluster != "" {
 		o.LogGroup = model.DefaultLogGroup(o.Cluster)
 	}
@@ -443,6 +454,13 @@ func (o Options) resolve() (resolved, error) {
 	if o.ShutdownDelay == 0 {
 		o.ShutdownDelay = DefaultShutdownDelay
 	}
+	return o
+}
+
+// pathErrors checks the names the user-data writes into the host's
+// configuration: the log group, the exit log, the container CLI.
+func (o Options) pathErrors() []error {
+	var errs []error
 	if o.LogGroup != "" && !logGroupName.MatchString(o.LogGroup) {
 		errs = append(errs, fmt.Errorf("log group %q is not a CloudWatch Logs group name (set LogGroup when the cluster name does not fit one)", o.LogGroup))
 	}
@@ -455,6 +473,12 @@ func (o Options) resolve() (resolved, error) {
 	if o.MaxRestarts < 0 {
 		errs = append(errs, fmt.Errorf("max restarts %d is negative", o.MaxRestarts))
 	}
+	return errs
+}
+
+// shutdownErrors checks the shutdown mode and what it needs.
+func (o Options) shutdownErrors() []error {
+	var errs []error
 	switch o.ShutdownMode {
 	case ShutdownWhenShipped, ShutdownAfterDelay:
 	case ShutdownWhenPodWritten:
@@ -473,6 +497,13 @@ func (o Options) resolve() (resolved, error) {
 	if o.ShutdownDelay < 0 {
 		errs = append(errs, fmt.Errorf("shutdown delay %v is negative", o.ShutdownDelay))
 	}
+	return errs
+}
+
+// dockerRunErrors checks the container's own docker run arguments: text
+// only, none the wrapper owns, and not the host's network unless allowed.
+func (o Options) dockerRunErrors() []error {
+	var errs []error
 	for i, a := range o.DockerRunArgs {
 		if err := text(fmt.Sprintf("docker run arg %d", i), a); err != nil {
 			errs = append(errs, err)
@@ -490,6 +521,13 @@ func (o Options) resolve() (resolved, error) {
 			}
 		}
 	}
+	return errs
+}
+
+// identityErrors checks what names the launch: the tag keys, the exit
+// token, the cluster's UID.
+func (o Options) identityErrors() []error {
+	var errs []error
 	keys := o.TagKeys.WithDefaults()
 	for _, k := range []string{keys.Managed, keys.PodNamespace, keys.PodName, keys.PodUID, keys.Cluster, keys.ClusterUID, keys.ExitToken} {
 		if len(k) > 128 || strings.HasPrefix(strings.ToLower(k), "aws:") || !utf8.ValidString(k) {
@@ -503,11 +541,7 @@ func (o Options) resolve() (resolved, error) {
 	if o.ClusterUID != "" && !kubeUID.MatchString(o.ClusterUID) {
 		errs = append(errs, fmt.Errorf("cluster UID %q is not a UID as the apiserver writes it (lower-case UUID): set it to the metadata.uid of the cluster's kube-system namespace", o.ClusterUID))
 	}
-	if len(errs) > 0 {
-		return resolved{}, fmt.Errorf("userdata: invalid options: %w", errors.Join(errs...))
-	}
-	secs := int((o.ShutdownDelay + time.Second - 1) / time.Second)
-	return resolved{Options: o, delaySeconds: secs}, nil
+	return errs
 }
 
 // hostNetwork reports whether args[i] starts a network flag (--network or
