@@ -75,6 +75,9 @@ type Server struct {
 
 	mu     sync.Mutex
 	stacks map[string]Stack // by name
+	// order is the stacks' names as PutStack first put them: the order
+	// DescribeStacks lists them in, as CloudFormation's is stable.
+	order []string
 }
 
 // New starts a Server listening on 127.0.0.1. Close it when done.
@@ -112,6 +115,7 @@ func (s *Server) PutStack(st Stack) Stack {
 		st.ID = old.ID
 	} else {
 		st.ID = fmt.Sprintf("arn:aws:cloudformation:%s:%s:stack/%s/%s", Region, AccountID, st.Name, newUUID())
+		s.order = append(s.order, st.Name)
 	}
 	s.stacks[st.Name] = st
 	return st
@@ -131,6 +135,7 @@ func (s *Server) DeleteStack(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.stacks, name)
+	s.order = slices.DeleteFunc(s.order, func(n string) bool { return n == name })
 }
 
 type apiError struct {
@@ -205,11 +210,12 @@ func (s *Server) describeStacks(name, reqID string) (any, *apiError) {
 		stacks = append(stacks, st)
 	} else {
 		s.mu.Lock()
-		for _, st := range s.stacks {
-			stacks = append(stacks, st)
+		for _, name := range s.order {
+			if st, ok := s.stacks[name]; ok {
+				stacks = append(stacks, st)
+			}
 		}
 		s.mu.Unlock()
-		slices.SortFunc(stacks, func(a, b Stack) int { return a.Created.Compare(b.Created) })
 	}
 	out := describeStacksResponse{Xmlns: xmlns, RequestID: reqID}
 	for _, st := range stacks {
