@@ -39,6 +39,8 @@ type BatchSummary struct {
 	Patched    int `json:"patched"`
 	Terminated int `json:"terminated"`
 	Orphans    int `json:"orphans"`
+	// OrphansHeldBack are orphan candidates beyond the orphan cap, deferred.
+	OrphansHeldBack int `json:"orphansHeldBack"`
 	// Deferred instances went back on the queue, their attempt counted,
 	// for want of time or EC2 tokens.
 	Deferred int `json:"deferred"`
@@ -98,7 +100,7 @@ func (r *Reaper) HandleQueueEvent(ctx context.Context, ev events.SQSEvent) (even
 		slog.Int("lookups", sum.Lookups), slog.Int("unknownRemembered", sum.UnknownRemembered), slog.Int("rechecksHeldBack", sum.RechecksHeldBack),
 		slog.Int("skipped", sum.Skipped), slog.Int("rejected", sum.Rejected),
 		slog.Int("reconciled", sum.Reconciled), slog.Int("patched", sum.Patched), slog.Int("terminated", sum.Terminated),
-		slog.Int("orphans", sum.Orphans), slog.Int("deferred", sum.Deferred), slog.Int("deadLettered", sum.DeadLettered),
+		slog.Int("orphans", sum.Orphans), slog.Int("orphansHeldBack", sum.OrphansHeldBack), slog.Int("deferred", sum.Deferred), slog.Int("deadLettered", sum.DeadLettered),
 		slog.Int("failed", sum.Failed))
 	return resp, nil
 }

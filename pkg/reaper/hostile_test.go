@@ -193,7 +193,7 @@ func TestWrongClusterTerminatesNothing(t *testing.T) {
 	if got := sweepMsgs(t, q); len(got) != 0 {
 		t.Fatalf("queued %v", got)
 	}
-	resp, err := core.HandleQueueEvent(t.Context(), batch(t, workqueue.Orphan(instanceOf(1))))
+	resp, err := core.HandleQueueEvent(t.Context(), batch(t, workqueue.Orphan(instanceOf(1), 1)))
 	if err != nil || len(resp.BatchItemFailures) != 0 || len(w.Log) != 0 {
 		t.Fatalf("orphan message: failures %v, %v, steps %q", failures(resp), err, w.Log)
 	}
@@ -679,5 +679,44 @@ func TestExitTokenDecides(t *testing.T) {
 	slices.Sort(got)
 	if want := []string{"pod jobs/job-1 exit/0", "pod jobs/job-2 exit/0"}; !slices.Equal(got, want) {
 		t.Fatalf("steps %q, want both Pods written: the line with the token, and the one of the instance without the tag", w.Log)
+	}
+}
+
+// Orphan messages that gather on the queue (several sweeps', or a
+// redrive) end no more at once than one sweep may: a batch terminates at
+// most the cap's part of the running instances the sweep counted (but the
+// floor at least), the oldest first, and defers the rest, counted.
+func TestReconcilerCapsOrphans(t *testing.T) {
+	const running, orphans = 30, 12
+	w := fakes.NewWorld()
+	var msgs []workqueue.Message
+	for n := 1; n <= orphans; n++ {
+		inst := owned(instanceOf(n), podOf(n)) // their Pods are gone
+		inst.LaunchTime = testNow().Add(-time.Hour - time.Duration(n)*time.Minute)
+		w.Instances[inst.ID] = inst
+		msgs = append(msgs, workqueue.Orphan(inst.ID, running))
+	}
+	core, _, q := newBatchCore(w)
+	core.Policy.OrphanCap = 0.1 // of 30: 3, so the floor of 5
+	resp, err := core.HandleQueueEvent(t.Context(), batch(t, msgs...))
+	if err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	var want []string
+	for n := orphans; n > orphans-orphanFloor; n-- {
+		want = append(want, instanceOf(n))
+	}
+	slices.Sort(want)
+	if got := w.Log; len(got) != 1 || got[0] != fmt.Sprint("terminate ", want) {
+		t.Fatalf("steps %q, want the %d oldest terminated in one call %v", got, orphanFloor, want)
+	}
+	deferred := 0
+	for _, s := range q.Sent {
+		if s.Delay >= DeferDelay {
+			deferred += len(s.Msgs)
+		}
+	}
+	if deferred != orphans-orphanFloor {
+		t.Fatalf("%d orphans deferred, want %d", deferred, orphans-orphanFloor)
 	}
 }

@@ -151,9 +151,9 @@ func TestBatchDecisions(t *testing.T) {
 			msgs: []workqueue.Message{workqueue.StillRunning(id)}, lookups: 1, settled: true},
 		{name: "spot reclaim inside the window", inst: &instances.Instance{ID: id, State: model.StateTerminated, Managed: true, Owned: true, Pod: pod},
 			msgs: []workqueue.Message{workqueue.State(id, "terminated", time.Date(2026, 12, 1, 11, 59, 30, 0, time.UTC))}, lookups: 1},
-		{name: "orphan with its Pod gone", inst: new(owned(id, other)), msgs: []workqueue.Message{workqueue.Orphan(id)},
+		{name: "orphan with its Pod gone", inst: new(owned(id, other)), msgs: []workqueue.Message{workqueue.Orphan(id, 1)},
 			log: []string{"terminate [" + id + "]"}, lookups: 1, settled: true},
-		{name: "orphan whose Pod is back", inst: new(owned(id, pod)), msgs: []workqueue.Message{workqueue.Orphan(id)}, lookups: 1, noRecord: true},
+		{name: "orphan whose Pod is back", inst: new(owned(id, pod)), msgs: []workqueue.Message{workqueue.Orphan(id, 1)}, lookups: 1, noRecord: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &fakes.World{Pods: map[model.PodRef]bool{pod: true}, Instances: map[string]instances.Instance{}}

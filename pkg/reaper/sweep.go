@@ -103,13 +103,13 @@ func (r *Reaper) Sweep(ctx context.Context, orphanGrace time.Duration) (SweepSum
 	errs = append(errs, err)
 	msgs := r.unfinished(records, managed, fresh, start, &sum)
 	errs = append(errs, r.adopt(writeCtx, managed, records, start.Add(-orphanGrace), &sum))
-	orphans, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace), &sum)
+	orphans, running, err := r.orphans(ctx, managed, records, start.Add(-orphanGrace), &sum)
 	errs = append(errs, err)
 	sum.Orphans = len(orphans)
 	r.Metrics.Count(metrics.OrphansFound, len(orphans))
 	r.Metrics.Count(metrics.SweepLeftOver, sum.LeftOver)
 	for _, id := range orphans {
-		msgs = append(msgs, workqueue.Orphan(id))
+		msgs = append(msgs, workqueue.Orphan(id, running))
 	}
 	if len(msgs) > 0 {
 		if _, err := r.Queue.Send(ctx, 0, msgs...); err != nil {
@@ -326,10 +326,11 @@ func (r *Reaper) adopt(ctx context.Context, managed map[string]instances.Instanc
 // orphans are running owned instances older than cutoff whose Pod no
 // longer needs them (mayBeOrphan, then the Pod deleted, replaced by
 // another UID, or already terminal), in the cluster the instance was
-// launched for (sameCluster). At most Policy.OrphanCap of the running
+// launched for (sameCluster), and how many owned instances run. At most
+// Policy.OrphanCap of the running
 // owned instances are returned, oldest first; the rest are held back,
 // counted and logged.
-func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time, sum *SweepSummary) ([]string, error) {
+func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Instance, records map[string]ledger.Record, cutoff time.Time, sum *SweepSummary) ([]string, int, error) {
 	var (
 		candidates []instances.Instance
 		running    int
@@ -357,12 +358,12 @@ func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Insta
 		}
 	}
 	if len(candidates) == 0 {
-		return nil, errors.Join(errs...)
+		return nil, running, errors.Join(errs...)
 	}
 	candidates, mismatched, err := r.sameCluster(ctx, candidates)
 	sum.IdentityMismatch = mismatched
 	if err != nil {
-		return nil, errors.Join(append(errs, err)...)
+		return nil, running, errors.Join(append(errs, err)...)
 	}
 	refs := make([]model.PodRef, len(candidates))
 	for i, inst := range candidates {
@@ -389,13 +390,20 @@ func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Insta
 		ids[i] = inst.ID
 	}
 	slices.Sort(ids)
-	return ids, errors.Join(errs...)
+	return ids, running, errors.Join(errs...)
 }
 
 // orphanFloor is the fewest orphans a sweep may hand on whatever the cap:
 // a small fleet's few orphans go in one sweep (at a cap of 0.1, two
 // orphans among two instances would otherwise take two sweeps).
 const orphanFloor = 5
+
+// orphanLimit is the most orphans one sweep, or one reconciler batch, may
+// end among running owned instances: Policy.OrphanCap of them, but
+// orphanFloor at least.
+func (p Policy) orphanLimit(running int) int {
+	return max(int(math.Ceil(p.OrphanCap*float64(running))), orphanFloor)
+}
 
 // capOrphans keeps at most Policy.OrphanCap of the running owned instances
 // (but orphanFloor at least) among found, the oldest first. Many orphans
@@ -405,7 +413,7 @@ func (r *Reaper) capOrphans(ctx context.Context, found []instances.Instance, run
 	if r.Policy.OrphanCap <= 0 {
 		return found
 	}
-	limit := max(int(math.Ceil(r.Policy.OrphanCap*float64(running))), orphanFloor)
+	limit := r.Policy.orphanLimit(running)
 	if len(found) <= limit {
 		return found
 	}

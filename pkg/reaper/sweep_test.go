@@ -47,7 +47,7 @@ func TestSweepRules(t *testing.T) {
 		got = append(got, string(b))
 	}
 	want := []string{}
-	for _, m := range []workqueue.Message{workqueue.Sweep(instanceOf(1)), workqueue.Sweep(instanceOf(2)), workqueue.Orphan(instanceOf(6))} {
+	for _, m := range []workqueue.Message{workqueue.Sweep(instanceOf(1)), workqueue.Sweep(instanceOf(2)), workqueue.Orphan(instanceOf(6), 2)} {
 		b, _ := json.Marshal(m)
 		want = append(want, string(b))
 	}

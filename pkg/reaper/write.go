@@ -1,6 +1,7 @@
 package reaper
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -8,22 +9,64 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
 // decide is the batch's decide phase: one Plan per believed record, and
 // whether each orphan message's instance is still a candidate
-// (mayBeOrphan). Nothing after it decides again.
+// (mayBeOrphan), at most as many as the orphan cap allows (capOrphans).
+// Nothing after it decides again.
 func (b *batchRun) decide() {
 	now := b.Now()
+	running := 0
 	for _, e := range b.live() {
 		if e.view != nil {
 			e.plan = Decide(*e.view, e.ec2, now, b.Policy)
 		}
-		isOrphan := func(it workqueue.Item) bool { return it.Kind == workqueue.KindOrphan }
-		e.orphan = e.ec2 != nil && slices.ContainsFunc(e.items, isOrphan) && mayBeOrphan(*e.ec2, e.stored, now)
+		for _, it := range e.items {
+			if it.Kind == workqueue.KindOrphan {
+				e.orphan = e.ec2 != nil && mayBeOrphan(*e.ec2, e.stored, now)
+				running = max(running, it.Running)
+			}
+		}
 	}
+	b.capOrphans(running)
+}
+
+// errOrphansHeldBack defers the orphans beyond a batch's cap; they come
+// back after DeferDelay.
+var errOrphansHeldBack = fmt.Errorf("more orphans than the orphan cap lets a batch end: %w", instances.ErrNoTokens)
+
+// capOrphans keeps at most Policy.orphanLimit of the running owned
+// instances the sweep counted (the orphan messages' Running) as this
+// batch's orphan candidates, the oldest first, and defers the rest, counted:
+// orphan messages that gather on the queue (several sweeps', a redrive)
+// end no more at once than one sweep may.
+func (b *batchRun) capOrphans(running int) {
+	if b.Policy.OrphanCap <= 0 {
+		return
+	}
+	var candidates []*entry
+	for _, e := range b.live() {
+		if e.orphan {
+			candidates = append(candidates, e)
+		}
+	}
+	limit := b.Policy.orphanLimit(running)
+	if len(candidates) <= limit {
+		return
+	}
+	slices.SortFunc(candidates, func(x, y *entry) int {
+		return cmp.Or(x.ec2.LaunchTime.Compare(y.ec2.LaunchTime), cmp.Compare(x.id, y.id))
+	})
+	for _, e := range candidates[limit:] {
+		e.orphan = false
+		e.conclude(errOrphansHeldBack)
+	}
+	b.sum.OrphansHeldBack = len(candidates) - limit
+	b.Metrics.Count(metrics.OrphansHeldBack, b.sum.OrphansHeldBack)
 }
 
 // writePods is the batch's Pod phase: it reads the Pods of the planned

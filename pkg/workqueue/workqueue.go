@@ -76,6 +76,10 @@ type Message struct {
 	// not finish it (for want of time or EC2 tokens): its delay grows with
 	// it, and after MaxAttempts it goes to the dead-letter queue.
 	Attempt int `json:"attempt,omitempty"`
+	// Running is, on an orphan message, how many owned instances the
+	// sweep found running: the reconciler caps the orphans it terminates
+	// in a batch by it, as the sweep does.
+	Running int `json:"running,omitempty"`
 	// Reason says why the work went to the dead-letter queue (set only
 	// there).
 	Reason string `json:"reason,omitempty"`
@@ -106,7 +110,9 @@ func State(id, state string, at time.Time) Message {
 func Sweep(id string) Message { return Message{Kind: KindSweep, InstanceID: id} }
 
 // Orphan is the message for an owned instance the sweeper found orphaned.
-func Orphan(id string) Message { return Message{Kind: KindOrphan, InstanceID: id} }
+func Orphan(id string, running int) Message {
+	return Message{Kind: KindOrphan, InstanceID: id, Running: running}
+}
 
 // StillRunning is the message for an instance the sweeper found running
 // after Reaper's terminate of it.
@@ -148,6 +154,8 @@ func (m Message) validate() error {
 		return fmt.Errorf("instanceId %.40q is not an EC2 instance id", m.InstanceID)
 	case m.Attempt < 0 || m.Attempt > MaxAttempts:
 		return fmt.Errorf("attempt %d, want 0 to %d", m.Attempt, MaxAttempts)
+	case m.Running < 0:
+		return fmt.Errorf("running %d, want 0 or more", m.Running)
 	case m.Checks < 0 || m.Checks > MaxChecks:
 		return fmt.Errorf("checks %d, want 0 to %d", m.Checks, MaxChecks)
 	case m.TokenHash != "" && !model.ValidExitTokenHash(m.TokenHash):

@@ -64,7 +64,7 @@ func TestSendAndParse(t *testing.T) {
 	msgs := []workqueue.Message{
 		exit, recheck,
 		workqueue.State("i-0123456789abcdef1", "terminated", at),
-		workqueue.Orphan("i-0123456789abcdef2"),
+		workqueue.Orphan("i-0123456789abcdef2", 40),
 	}
 	for i := range 20 {
 		msgs = append(msgs, workqueue.Sweep(fmt.Sprintf("i-%017x", i)))
