@@ -92,7 +92,9 @@ func TestDryRunDecidesAsTheRealRun(t *testing.T) {
 			if err := lab.Stack.Kube.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
 				t.Fatal(err)
 			}
-		}, final: func(id string, _ model.PodRef) []workqueue.Message { return []workqueue.Message{workqueue.Orphan(id, 1)} },
+		}, final: func(id string, _ model.PodRef) []workqueue.Message {
+			return []workqueue.Message{workqueue.Orphan(id, 1)}
+		},
 			want: []string{"terminate"}},
 		{name: "exit again", seed: func(id string, pod model.PodRef) []workqueue.Message {
 			return []workqueue.Message{workqueue.Exit(id, pod, model.Exit{Container: "main", FinishedAt: start})}
