@@ -135,15 +135,7 @@ func TestManualStop(t *testing.T) {
 		// cluster, table and queue) runs with it, so the shared lab's
 		// reconcilers never see this instance.
 		const cluster = "reaper-keep-stopped"
-		bins := map[string]string{}
-		for _, fn := range []string{"statechange", "sweeper", "reconciler"} {
-			bins[fn] = lab.Bootstraps[fn]
-		}
-		keep, err := NewLab(t.Context(), lab.Stack, cluster, bins, "REAPER_CLUSTER="+cluster, "REAPER_EXIT_WAIT="+exitWait.String(), "REAPER_TERMINATE_STOPPED=false")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(keep.Stop)
+		keep := deployment(t, cluster, LabOptions{Env: []string{"REAPER_TERMINATE_STOPPED=false"}}, "statechange", "sweeper", "reconciler")
 		sc := prepare(t, "manual-stop-kept", corev1.RestartPolicyNever, nil)
 		id := sc.Instances["stopped-and-kept"]
 		keep.AddTaggedInstance(id, lab.InstanceTags(sc.Pods["stopped-and-kept"], true, cluster))

@@ -110,11 +110,7 @@ func instanceState(t *testing.T, id string) ec2server.State {
 
 func record(t *testing.T, id string) ledger.Record {
 	t.Helper()
-	rec, ok, err := lab.Ledger.Get(t.Context(), id)
-	if err != nil || !ok {
-		t.Fatalf("ledger record of %s: ok=%v err=%v", id, ok, err)
-	}
-	return rec
+	return recordOf(t, lab, id)
 }
 
 // The observed case: 30 replicas whose command ends. Every Pod must end

@@ -22,16 +22,7 @@ func TestPowerOffGrace(t *testing.T) {
 		grace   = 10 * time.Second
 	)
 	ctx := t.Context()
-	bins := map[string]string{}
-	for _, fn := range []string{"exitrecorder", "statechange", "reconciler"} {
-		bins[fn] = lab.Bootstraps[fn]
-	}
-	hosts, err := NewLab(ctx, lab.Stack, cluster, bins, "REAPER_CLUSTER="+cluster, "REAPER_EXIT_WAIT="+exitWait.String(),
-		"REAPER_POWER_OFF_GRACE="+grace.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(hosts.Stop)
+	hosts := deployment(t, cluster, LabOptions{Env: []string{"REAPER_POWER_OFF_GRACE=" + grace.String()}}, "exitrecorder", "statechange", "reconciler")
 	pods := map[string]*corev1.Pod{}
 	ids := map[string]string{"powers-off": hostileInstance(0xf08, 1), "stays-on": hostileInstance(0xf08, 2)}
 	for name, id := range ids {
