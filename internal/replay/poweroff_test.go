@@ -8,6 +8,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/reaper-k8s/reaper/pkg/exitline"
+	"github.com/reaper-k8s/reaper/pkg/intake"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
@@ -77,5 +80,98 @@ func TestPowerOffGrace(t *testing.T) {
 	}
 	if n := terminateCalls(ids["stays-on"]); n != 1 {
 		t.Fatalf("the host that stayed on was named in %d TerminateInstances", n)
+	}
+}
+
+// A host whose Pod ended keeps its own instance billing if a line can move
+// its grace: it sends its terminal line dated ahead (within the clock skew
+// a host may have), then the same Pod's terminal line again and again,
+// each dated further ahead, and one with a higher restart count, though
+// its Pod does not restart. The first terminal exit is final: the Pod
+// keeps it, each later line is counted and changes nothing, and the
+// instance is terminated once the grace has passed since Reaper received
+// the first one.
+func TestResentTerminalLineMovesNoGrace(t *testing.T) {
+	const grace = 10 * time.Second
+	ctx := t.Context()
+	hosts := deployment(t, "reaper-final-exit", LabOptions{MaxConcurrency: 1, Env: []string{"REAPER_POWER_OFF_GRACE=" + grace.String()}},
+		"exitrecorder", "reconciler")
+	pod, err := lab.RunningPod(ctx, "final-exit", "resends", corev1.RestartPolicyNever)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := hostileInstance(0xf09, 1)
+	hosts.AddTaggedInstance(id, lab.InstanceTags(pod, true, "reaper-final-exit"))
+	// send hands the exitrecorder one line of the Pod, dated ahead, and
+	// returns once it is queued.
+	send := func(seq int, code int, restart int32, ahead time.Duration) {
+		t.Helper()
+		ev, err := ExitLogsEvent(id, pod, exitline.Line{ContainerID: BareContainerID(pod), ExitCode: code, RestartCount: restart,
+			FinishedAt: time.Now().Add(ahead).UTC()}, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum intake.ExitSummary
+		if err := hosts.InvokeOnly(ctx, "exitrecorder", b, &sum); err != nil || sum.Queued != 1 {
+			t.Fatalf("exitrecorder: %+v, %v", sum, err)
+		}
+	}
+	start := time.Now()
+	send(1, 0, 0, 4*time.Minute)
+	if err := hosts.DrainSent(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	first := recordOf(t, hosts, id)
+	if first.Exit == nil {
+		t.Fatalf("no exit recorded: %+v", first)
+	}
+	wantEnded(t, getPod(t, "final-exit", "resends"), corev1.PodSucceeded, 0, "Completed")
+	resent := 0
+	for terminateCalls(id) == 0 {
+		if time.Since(start) > grace+20*time.Second {
+			t.Fatalf("the instance still runs %s after its exit, %d lines later", time.Since(start), resent)
+		}
+		resent++
+		if resent == 2 {
+			send(1+resent, 3, 1, 4*time.Minute+50*time.Second)
+		} else {
+			send(1+resent, 0, 0, 4*time.Minute+50*time.Second)
+		}
+		time.Sleep(time.Second)
+	}
+	if resent < 3 {
+		t.Fatalf("terminated after %d lines sent again; the test wants the higher restart count among them", resent)
+	}
+	if err := hosts.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var terminated time.Time
+	for _, c := range lab.Stack.EC2.Calls() {
+		if slices.Contains(c.Terminated(), id) {
+			terminated = c.Time
+		}
+	}
+	if took := terminated.Sub(start); took < grace || took > grace+5*time.Second {
+		t.Fatalf("terminated %s after the first exit, want within 5 s of the %s grace", took, grace)
+	}
+	if n := terminateCalls(id); n != 1 {
+		t.Fatalf("the instance was named in %d TerminateInstances", n)
+	}
+	if got := recordOf(t, hosts, id); got.Exit == nil || *got.Exit != *first.Exit {
+		t.Fatalf("recorded exit %+v, want the first %+v", *got.Exit, *first.Exit)
+	}
+	wantEnded(t, getPod(t, "final-exit", "resends"), corev1.PodSucceeded, 0, "Completed")
+	_, counted, _ := metric(emfLines(t, hosts.Reconcilers[0].Logs()), metrics.FunctionReconciler, metrics.LinesRejected,
+		map[string]string{metrics.ReasonDim: model.ReasonAfterTerminal})
+	sum := 0.0
+	for _, n := range counted {
+		sum += n
+	}
+	if int(sum) != resent {
+		t.Fatalf("%v lines counted after the terminal exit, want the %d sent after it", sum, resent)
 	}
 }
