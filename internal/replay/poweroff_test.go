@@ -155,9 +155,12 @@ func TestResentTerminalLineMovesNoGrace(t *testing.T) {
 			terminated = c.Time
 		}
 	}
-	if took := terminated.Sub(start); took < grace || took > grace+5*time.Second {
-		t.Fatalf("terminated %s after the first exit, want within 5 s of the %s grace", took, grace)
+	// The lines dated ahead would have moved the grace by minutes.
+	took := terminated.Sub(start)
+	if took < grace || took > grace+10*time.Second {
+		t.Fatalf("terminated %s after the first exit, want within 10 s of the %s grace", took, grace)
 	}
+	t.Logf("terminated %s after the first exit, %d lines later", took, resent)
 	if n := terminateCalls(id); n != 1 {
 		t.Fatalf("the instance was named in %d TerminateInstances", n)
 	}
