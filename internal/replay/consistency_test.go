@@ -22,14 +22,14 @@ import (
 // while after its launch, and one EC2 still lists running well after it
 // accepted Reaper's terminate.
 
-// rejectionsOf counts the exit claims for instance id the reconcilers of l
-// did not believe for reason, from their logs.
+// rejectionsOf counts the exit claims for instance id (any, when "") the
+// reconcilers of l did not believe for reason, from their logs.
 func rejectionsOf(l *Lab, id, reason string) int {
 	n := 0
 	for _, f := range l.Reconcilers {
 		_, notBelieved := ReconcilerLines(f.Logs())
 		for _, nb := range notBelieved {
-			if nb.Instance == id && nb.Reason == reason {
+			if (id == "" || nb.Instance == id) && nb.Reason == reason {
 				n++
 			}
 		}

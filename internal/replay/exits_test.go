@@ -361,15 +361,4 @@ func TestKubernetesDown(t *testing.T) {
 
 // rejections counts the exit claims the reconcilers have not believed for
 // reason so far, from their logs.
-func (l *Lab) rejections(reason string) int {
-	n := 0
-	for _, f := range l.Reconcilers {
-		_, notBelieved := ReconcilerLines(f.Logs())
-		for _, nb := range notBelieved {
-			if nb.Reason == reason {
-				n++
-			}
-		}
-	}
-	return n
-}
+func (l *Lab) rejections(reason string) int { return rejectionsOf(l, "", reason) }
