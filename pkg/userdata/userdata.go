@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -73,6 +74,7 @@ const (
 	DefaultExitLogPath   = "/var/log/reaper/exit.log"
 	DefaultContainerCLI  = "docker"
 	DefaultShutdownDelay = 10 * time.Minute
+	DefaultPauseImage    = "registry.k8s.io/pause:3.10"
 )
 
 // Where the user-data installs things on the instance.
@@ -80,6 +82,9 @@ const (
 	WrapperPath     = "/usr/local/bin/reaper-wrapper"
 	ConfigPath      = "/etc/reaper/workload.conf"
 	EnvFilePath     = "/etc/reaper/workload.env"
+	// EnvDir holds the --env-file of each container of a Pod of several,
+	// named after the container (a Pod of one uses EnvFilePath).
+	EnvDir = "/etc/reaper/env"
 	UnitName        = "reaper-workload.service"
 	UnitPath        = "/etc/systemd/system/" + UnitName
 	AgentConfigPath = "/opt/aws/amazon-cloudwatch-agent/etc/reaper-exits.json"
@@ -107,15 +112,23 @@ type EnvVar struct {
 	Value string `json:"value"`
 }
 
-// Pod is what the user-data needs of a Pod and its (single) container. The
-// JSON names follow the Kubernetes API.
+// Pod is what the user-data needs of a Pod. The JSON names follow the
+// Kubernetes API.
+//
+// Its containers come in one of two forms. Containers (with
+// InitContainers, Volumes and the rest) is the Pod's spec: init containers
+// in order, native sidecars, regular containers at once, shared network
+// and emptyDir volumes, termination messages. The single-container fields
+// (Container, Image, Command, Args, Env) are the form of earlier versions:
+// one regular container, run exactly as they ran it (no termination
+// message is read). A Pod sets one form or the other.
 type Pod struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	UID       string `json:"uid"`
 	// Container is the container's name in the Pod spec.
-	Container string `json:"container"`
-	Image     string `json:"image"`
+	Container string `json:"container,omitempty"`
+	Image     string `json:"image,omitempty"`
 	// Command replaces the image's entrypoint and Args its command, as in
 	// Kubernetes. Command[0] becomes --entrypoint.
 	Command []string `json:"command,omitempty"`
@@ -124,7 +137,82 @@ type Pod struct {
 	// RestartPolicy is Always, OnFailure or Never; empty means Always, as
 	// Kubernetes defaults it.
 	RestartPolicy string `json:"restartPolicy,omitempty"`
+
+	// InitContainers run in order before the regular containers: each to
+	// completion, or, with restartPolicy Always, as a native sidecar,
+	// started and kept running until the regular containers have ended.
+	InitContainers []Container `json:"initContainers,omitempty"`
+	// Containers are the regular containers, started together once the
+	// init containers are done.
+	Containers []Container `json:"containers,omitempty"`
+	// Volumes are the Pod's volumes: emptyDir only, a host directory that
+	// every container mounting it shares.
+	Volumes []Volume `json:"volumes,omitempty"`
+	// TerminationGracePeriodSeconds is how long sidecars get between
+	// SIGTERM and SIGKILL when the Pod stops them (default 30).
+	TerminationGracePeriodSeconds *int64 `json:"terminationGracePeriodSeconds,omitempty"`
 }
+
+// Container is one container of the Pod's spec.
+type Container struct {
+	Name  string `json:"name"`
+	Image string `json:"image"`
+	// Command replaces the image's entrypoint and Args its command.
+	Command []string `json:"command,omitempty"`
+	Args    []string `json:"args,omitempty"`
+	Env     []EnvVar `json:"env,omitempty"`
+	// RestartPolicy, for an init container, is empty or Always (a native
+	// sidecar); a regular container takes the Pod's and leaves it empty.
+	RestartPolicy string        `json:"restartPolicy,omitempty"`
+	VolumeMounts  []VolumeMount `json:"volumeMounts,omitempty"`
+	// TerminationMessagePath is the file the container may write its
+	// termination message to (default /dev/termination-log).
+	TerminationMessagePath string `json:"terminationMessagePath,omitempty"`
+	// TerminationMessagePolicy is File (default) or FallbackToLogsOnError.
+	TerminationMessagePolicy string `json:"terminationMessagePolicy,omitempty"`
+}
+
+// VolumeMount mounts one of the Pod's volumes in a container.
+type VolumeMount struct {
+	Name      string `json:"name"`
+	MountPath string `json:"mountPath"`
+	ReadOnly  bool   `json:"readOnly,omitempty"`
+}
+
+// Volume is one of the Pod's volumes. Only emptyDir is carried: a
+// directory on the host, empty at the Pod's start, gone with the instance.
+type Volume struct {
+	Name     string    `json:"name"`
+	EmptyDir *EmptyDir `json:"emptyDir,omitempty"`
+}
+
+// EmptyDir marks an emptyDir volume. The medium is the host's disk.
+type EmptyDir struct{}
+
+// Termination message policies, as in the container spec.
+const (
+	TerminationMessageFile                  = "File"
+	TerminationMessageFallbackToLogsOnError = "FallbackToLogsOnError"
+)
+
+// DefaultTerminationMessagePath is where a container writes its
+// termination message unless its spec says otherwise.
+const DefaultTerminationMessagePath = "/dev/termination-log"
+
+// DefaultTerminationGracePeriod is the sidecars' grace, in seconds, when
+// the Pod sets none.
+const DefaultTerminationGracePeriod = 30
+
+// Bounds of termination messages, the kubelet's: a container's at most
+// MaxMessageBytes, the Pod's at most MaxPodMessageBytes, shared evenly by
+// its containers; a log tail under FallbackToLogsOnError at most
+// MaxLogMessageBytes and MaxLogMessageLines.
+const (
+	MaxMessageBytes    = 4096
+	MaxPodMessageBytes = 12 * 1024
+	MaxLogMessageBytes = 2048
+	MaxLogMessageLines = 80
+)
 
 // Options tune the rendering. Cluster is required by Render and Launch; the
 // zero value of every other field gives its default.
@@ -170,6 +258,10 @@ type Options struct {
 	// Host networking (--network=host, --net host, a podman ns: path) is
 	// refused unless AllowHostNetwork is set.
 	DockerRunArgs []string
+	// PauseImage is the image of the container whose network namespace
+	// the containers of a Pod of several share (default DefaultPauseImage).
+	// A Pod of one container runs without it.
+	PauseImage string
 	// AllowHostNetwork lets DockerRunArgs put the container in the host's
 	// network namespace. The workload then reaches the instance metadata
 	// service as the host does (the hop limit of 1 stops only a container
@@ -278,18 +370,28 @@ func Launch(pod Pod, opts Options) (LaunchSettings, error) {
 func EncodeUserData(script string) (string, error) {
 	data := []byte(script)
 	if len(data) > MaxUserDataBytes {
-		var b bytes.Buffer
-		zw, _ := gzip.NewWriterLevel(&b, gzip.BestCompression)
-		_, _ = zw.Write(data)
-		if err := zw.Close(); err != nil {
+		z, err := gzipBytes(data)
+		if err != nil {
 			return "", err
 		}
-		if b.Len() > MaxUserDataBytes {
-			return "", fmt.Errorf("userdata: user-data is %d bytes gzip-compressed, over EC2's %d", b.Len(), MaxUserDataBytes)
+		if len(z) > MaxUserDataBytes {
+			return "", fmt.Errorf("userdata: user-data is %d bytes gzip-compressed, over EC2's %d", len(z), MaxUserDataBytes)
 		}
-		data = b.Bytes()
+		data = z
 	}
 	return base64.StdEncoding.EncodeToString(data), nil
+}
+
+// gzipBytes compresses data as cloud-init unpacks it, the same bytes for
+// the same input.
+func gzipBytes(data []byte) ([]byte, error) {
+	var b bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&b, gzip.BestCompression)
+	_, _ = zw.Write(data)
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 //go:embed templates/wrapper.sh
@@ -313,6 +415,24 @@ var (
 func Wrapper() string { return installedWrapper }
 
 var installedWrapper = compact(wrapperScript)
+
+// wrapperGzip is the installed wrapper as the user-data carries it:
+// gzip-compressed, in base64 lines. In plain text the wrapper alone would
+// take most of EC2's 16 KiB, leaving too little for the Pod.
+var wrapperGzip = func() string {
+	z, err := gzipBytes([]byte(installedWrapper))
+	if err != nil {
+		panic(err) // writing to memory does not fail
+	}
+	enc := base64.StdEncoding.EncodeToString(z)
+	var b strings.Builder
+	for len(enc) > 76 {
+		b.WriteString(enc[:76] + "\n")
+		enc = enc[76:]
+	}
+	b.WriteString(enc + "\n")
+	return b.String()
+}()
 
 // compact drops the script's comment lines, but for shellcheck
 // directives, and the indentation of every line: the script has no
@@ -370,30 +490,123 @@ func (p Pod) Validate() error {
 	if !model.ValidUID(p.UID) {
 		errs = append(errs, fmt.Errorf("uid %q is not a UUID", p.UID))
 	}
-	if !validLabel(p.Container) {
-		errs = append(errs, fmt.Errorf("container %q is not a DNS label", p.Container))
-	}
-	switch {
-	case p.Image == "":
-		errs = append(errs, errors.New("image is empty"))
-	case strings.HasPrefix(p.Image, "-") || strings.IndexFunc(p.Image, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 || !utf8.ValidString(p.Image):
-		errs = append(errs, fmt.Errorf("image %q is not an image reference", p.Image))
-	}
 	switch p.RestartPolicy {
 	case "", RestartAlways, RestartOnFailure, RestartNever:
 	default:
 		errs = append(errs, fmt.Errorf("restartPolicy %q is not Always, OnFailure or Never", p.RestartPolicy))
 	}
-	if len(p.Command) > 0 && p.Command[0] == "" {
-		errs = append(errs, errors.New("command[0] is empty"))
+	if p.specForm() {
+		errs = append(errs, p.specErrors()...)
+	} else {
+		if !validLabel(p.Container) {
+			errs = append(errs, fmt.Errorf("container %q is not a DNS label", p.Container))
+		}
+		errs = append(errs, containerErrors("", Container{Image: p.Image, Command: p.Command, Args: p.Args, Env: p.Env})...)
 	}
-	for i, s := range p.Command {
-		if err := text(fmt.Sprintf("command[%d]", i), s); err != nil {
+	if len(errs) > 0 {
+		return fmt.Errorf("userdata: invalid pod: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// specForm tells whether the Pod gives its containers as its spec does
+// (Containers), rather than in the single-container fields.
+func (p Pod) specForm() bool { return len(p.Containers) > 0 || len(p.InitContainers) > 0 }
+
+// specErrors checks the spec form: names, kinds, volumes and mounts, and
+// that the single-container fields are left empty.
+func (p Pod) specErrors() []error {
+	var errs []error
+	if p.Container != "" || p.Image != "" || len(p.Command) > 0 || len(p.Args) > 0 || len(p.Env) > 0 {
+		errs = append(errs, errors.New("container, image, command, args and env are the single-container form: with containers, set them on each container"))
+	}
+	if len(p.Containers) == 0 {
+		errs = append(errs, errors.New("containers is empty: a Pod needs a regular container"))
+	}
+	if g := p.TerminationGracePeriodSeconds; g != nil && (*g < 0 || *g > 24*3600) {
+		errs = append(errs, fmt.Errorf("terminationGracePeriodSeconds %d is outside 0..86400", *g))
+	}
+	volumes := map[string]bool{}
+	for i, v := range p.Volumes {
+		switch {
+		case !validLabel(v.Name):
+			errs = append(errs, fmt.Errorf("volumes[%d]: name %q is not a DNS label", i, v.Name))
+		case volumes[v.Name]:
+			errs = append(errs, fmt.Errorf("volumes[%d]: name %q is used twice", i, v.Name))
+		}
+		if v.EmptyDir == nil {
+			errs = append(errs, fmt.Errorf("volumes[%d] (%s): only emptyDir volumes can be carried to the host", i, v.Name))
+		}
+		volumes[v.Name] = true
+	}
+	names := map[string]bool{}
+	for _, c := range p.containers() {
+		prefix := fmt.Sprintf("%s (%s): ", c.field, c.Name)
+		switch {
+		case !validLabel(c.Name):
+			errs = append(errs, fmt.Errorf("%sname %q is not a DNS label", prefix, c.Name))
+		case names[c.Name]:
+			errs = append(errs, fmt.Errorf("%sname %q is used twice", prefix, c.Name))
+		}
+		names[c.Name] = true
+		errs = append(errs, containerErrors(prefix, c.Container)...)
+		switch {
+		case c.kind == kindInit && c.RestartPolicy != "" && c.RestartPolicy != RestartAlways:
+			errs = append(errs, fmt.Errorf("%srestartPolicy %q: an init container takes Always (a sidecar) or none", prefix, c.RestartPolicy))
+		case c.kind == kindMain && c.RestartPolicy != "":
+			errs = append(errs, fmt.Errorf("%srestartPolicy %q: a regular container follows the Pod's", prefix, c.RestartPolicy))
+		}
+		switch c.TerminationMessagePolicy {
+		case "", TerminationMessageFile, TerminationMessageFallbackToLogsOnError:
+		default:
+			errs = append(errs, fmt.Errorf("%sterminationMessagePolicy %q is not File or FallbackToLogsOnError", prefix, c.TerminationMessagePolicy))
+		}
+		if c.TerminationMessagePath != "" && !mountPath(c.TerminationMessagePath) {
+			errs = append(errs, fmt.Errorf("%sterminationMessagePath %q must be absolute, without .., ',', ':' or control characters", prefix, c.TerminationMessagePath))
+		}
+		paths := map[string]bool{c.messagePath(): true}
+		for j, m := range c.VolumeMounts {
+			switch {
+			case !volumes[m.Name]:
+				errs = append(errs, fmt.Errorf("%svolumeMounts[%d]: no emptyDir volume %q in the Pod", prefix, j, m.Name))
+			case !mountPath(m.MountPath):
+				errs = append(errs, fmt.Errorf("%svolumeMounts[%d]: mountPath %q must be absolute, without .., ',', ':' or control characters", prefix, j, m.MountPath))
+			case paths[path.Clean(m.MountPath)]:
+				errs = append(errs, fmt.Errorf("%svolumeMounts[%d]: mountPath %q is mounted twice", prefix, j, m.MountPath))
+			}
+			paths[path.Clean(m.MountPath)] = true
+		}
+	}
+	return errs
+}
+
+// mountPath tells whether p can be a bind mount's target in docker's -v
+// (colon separated) on every runtime: absolute, plain.
+func mountPath(p string) bool {
+	return strings.HasPrefix(p, "/") && utf8.ValidString(p) && !strings.ContainsAny(p, ":,") &&
+		!slices.Contains(strings.Split(p, "/"), "..") && strings.IndexFunc(p, func(r rune) bool { return r < ' ' || r == 0x7f }) < 0
+}
+
+// containerErrors checks what runs a container: image, command, args and
+// environment. prefix names the container in the spec form.
+func containerErrors(prefix string, c Container) []error {
+	var errs []error
+	switch {
+	case c.Image == "":
+		errs = append(errs, errors.New(prefix+"image is empty"))
+	case strings.HasPrefix(c.Image, "-") || strings.IndexFunc(c.Image, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 || !utf8.ValidString(c.Image):
+		errs = append(errs, fmt.Errorf("%simage %q is not an image reference", prefix, c.Image))
+	}
+	if len(c.Command) > 0 && c.Command[0] == "" {
+		errs = append(errs, errors.New(prefix+"command[0] is empty"))
+	}
+	for i, s := range c.Command {
+		if err := text(fmt.Sprintf("%scommand[%d]", prefix, i), s); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	for i, s := range p.Args {
-		if err := text(fmt.Sprintf("args[%d]", i), s); err != nil {
+	for i, s := range c.Args {
+		if err := text(fmt.Sprintf("%sargs[%d]", prefix, i), s); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -401,24 +614,88 @@ func (p Pod) Validate() error {
 	// only, never as -e arguments, which any local user can read in the
 	// docker client's command line. That file is line based and skips
 	// lines starting with #.
-	for i, e := range p.Env {
+	for i, e := range c.Env {
 		switch {
 		case e.Name == "" || strings.ContainsRune(e.Name, '=') || strings.IndexFunc(e.Name, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 || !utf8.ValidString(e.Name):
-			errs = append(errs, fmt.Errorf("env[%d] name %q is empty or has '=', spaces or control characters", i, e.Name))
+			errs = append(errs, fmt.Errorf("%senv[%d] name %q is empty or has '=', spaces or control characters", prefix, i, e.Name))
 		case strings.HasPrefix(e.Name, "#"):
-			errs = append(errs, fmt.Errorf("env[%d] name %q starts with '#', which docker's --env-file reads as a comment", i, e.Name))
+			errs = append(errs, fmt.Errorf("%senv[%d] name %q starts with '#', which docker's --env-file reads as a comment", prefix, i, e.Name))
 		}
-		if err := text(fmt.Sprintf("env[%d] (%s) value", i, e.Name), e.Value); err != nil {
+		if err := text(fmt.Sprintf("%senv[%d] (%s) value", prefix, i, e.Name), e.Value); err != nil {
 			errs = append(errs, err)
 		}
 		if strings.ContainsAny(e.Value, "\n\r") {
-			errs = append(errs, fmt.Errorf("env[%d] (%s) value contains a line break, which docker's --env-file cannot carry", i, e.Name))
+			errs = append(errs, fmt.Errorf("%senv[%d] (%s) value contains a line break, which docker's --env-file cannot carry", prefix, i, e.Name))
 		}
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("userdata: invalid pod: %w", errors.Join(errs...))
+	return errs
+}
+
+// The kinds of container the wrapper runs (REAPER_C<n>_KIND).
+const (
+	kindInit    = "init"
+	kindSidecar = "sidecar"
+	kindMain    = "main"
+)
+
+// podContainer is one container of the Pod as the wrapper runs it.
+type podContainer struct {
+	Container
+	kind  string
+	field string // where the spec has it, for errors
+	// message tells whether its termination message is read: always in the
+	// spec form, never in the single-container one.
+	message bool
+}
+
+func (c podContainer) messagePath() string {
+	if c.TerminationMessagePath == "" {
+		return DefaultTerminationMessagePath
 	}
-	return nil
+	return path.Clean(c.TerminationMessagePath)
+}
+
+func (c podContainer) messagePolicy() string {
+	if !c.message {
+		return ""
+	}
+	if c.TerminationMessagePolicy == "" {
+		return TerminationMessageFile
+	}
+	return c.TerminationMessagePolicy
+}
+
+// containers lists the Pod's containers in spec order: init containers
+// (sidecars among them), then regular ones.
+func (p Pod) containers() []podContainer {
+	if !p.specForm() {
+		return []podContainer{{Container: Container{Name: p.Container, Image: p.Image, Command: p.Command, Args: p.Args, Env: p.Env},
+			kind: kindMain, field: "container"}}
+	}
+	out := make([]podContainer, 0, len(p.InitContainers)+len(p.Containers))
+	for i, c := range p.InitContainers {
+		k := kindInit
+		if c.RestartPolicy == RestartAlways {
+			k = kindSidecar
+		}
+		out = append(out, podContainer{Container: c, kind: k, field: fmt.Sprintf("initContainers[%d]", i), message: true})
+	}
+	for i, c := range p.Containers {
+		out = append(out, podContainer{Container: c, kind: kindMain, field: fmt.Sprintf("containers[%d]", i), message: true})
+	}
+	return out
+}
+
+// messageMax is each container's share of the Pod's termination messages.
+func (p Pod) messageMax() int {
+	return min(MaxMessageBytes, MaxPodMessageBytes/len(p.containers()))
+}
+
+func (p Pod) grace() int64 {
+	if p.TerminationGracePeriodSeconds == nil {
+		return DefaultTerminationGracePeriod
+	}
+	return *p.TerminationGracePeriodSeconds
 }
 
 // resolved is Options with defaults applied and checked.
@@ -454,6 +731,9 @@ func (o Options) withDefaults() Options {
 	if o.ShutdownDelay == 0 {
 		o.ShutdownDelay = DefaultShutdownDelay
 	}
+	if o.PauseImage == "" {
+		o.PauseImage = DefaultPauseImage
+	}
 	return o
 }
 
@@ -472,6 +752,9 @@ func (o Options) pathErrors() []error {
 	}
 	if o.MaxRestarts < 0 {
 		errs = append(errs, fmt.Errorf("max restarts %d is negative", o.MaxRestarts))
+	}
+	for _, err := range containerErrors("pause ", Container{Image: o.PauseImage}) {
+		errs = append(errs, err)
 	}
 	return errs
 }
@@ -609,54 +892,205 @@ func shword(s string) string {
 	return shq(s)
 }
 
-// EnvFile returns the --env-file the user-data writes at EnvFilePath: one
-// NAME=value line per variable ("" when there is none).
+// EnvFile returns the --env-file the user-data writes at EnvFilePath for a
+// Pod of one container: one NAME=value line per variable ("" when there is
+// none, and for a Pod of several containers, whose files EnvFiles gives).
 func EnvFile(pod Pod) (string, error) {
 	if err := pod.Validate(); err != nil {
 		return "", err
 	}
-	return envFile(pod), nil
+	if cs := pod.containers(); len(cs) == 1 {
+		return envFile(cs[0].Env), nil
+	}
+	return "", nil
 }
 
-func envFile(pod Pod) string {
+// EnvFiles returns every --env-file the user-data writes, by path: the
+// one at EnvFilePath for a Pod of one container, one under EnvDir per
+// container with an environment for a Pod of several.
+func EnvFiles(pod Pod) (map[string]string, error) {
+	if err := pod.Validate(); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	cs := pod.containers()
+	for _, c := range cs {
+		if len(c.Env) > 0 {
+			out[envPath(c, len(cs))] = envFile(c.Env)
+		}
+	}
+	return out, nil
+}
+
+func envFile(env []EnvVar) string {
 	var b strings.Builder
-	for _, e := range pod.Env {
+	for _, e := range env {
 		b.WriteString(e.Name + "=" + e.Value + "\n")
 	}
 	return b.String()
 }
 
+// envPath is where container c of a Pod of n containers finds its
+// environment.
+func envPath(c podContainer, n int) string {
+	if n == 1 {
+		return EnvFilePath
+	}
+	return EnvDir + "/" + c.Name
+}
+
+// pauseName is the container whose network namespace the Pod's containers
+// share.
+const pauseName = "reaper-pause"
+
+// stateDirOf is the state directory of container c of a Pod of n
+// containers on a host: the state directory itself for a Pod of one.
+func stateDirOf(c podContainer, n int) string {
+	if n == 1 {
+		return StateDir
+	}
+	return StateDir + "/c/" + c.Name
+}
+
+// runWord is one argument of docker run: literal, or a path under the
+// wrapper's state directory (under "state") or the container's (under
+// "cs"), which the wrapper's shell expands, so that a host with another
+// REAPER_STATE_DIR mounts its own.
+type runWord struct{ s, under string }
+
+func (w runWord) shell() string {
+	if w.under == "" {
+		return shword(w.s)
+	}
+	return `"$` + w.under + `"` + shq(w.s)
+}
+
+func (w runWord) onHost(state, cs string) string {
+	switch w.under {
+	case "state":
+		return state + w.s
+	case "cs":
+		return cs + w.s
+	}
+	return w.s
+}
+
+func lit(ss ...string) []runWord {
+	out := make([]runWord, len(ss))
+	for i, s := range ss {
+		out[i] = runWord{s: s}
+	}
+	return out
+}
+
+// usesPause tells whether the Pod's containers share a pause container's
+// network: with more than one container, unless they all share the
+// host's (DockerRunArgs with AllowHostNetwork).
+func usesPause(pod Pod, opts Options) bool {
+	if len(pod.containers()) < 2 {
+		return false
+	}
+	for i := range opts.DockerRunArgs {
+		if _, host := hostNetwork(opts.DockerRunArgs, i); host {
+			return false
+		}
+	}
+	return true
+}
+
+// splitNetwork separates the network flags (--network, --net, with their
+// values) from the other arguments.
+func splitNetwork(args []string) (network, rest []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case (a == "--network" || a == "--net") && i+1 < len(args):
+			network = append(network, a, args[i+1])
+			i++
+		case strings.HasPrefix(a, "--network=") || strings.HasPrefix(a, "--net="):
+			network = append(network, a)
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return network, rest
+}
+
 // RunArgs returns the arguments the wrapper passes to "docker run -d --name
-// reaper-<container>-<restartCount>": labels, environment, extra flags,
-// entrypoint, image, command and args.
+// reaper-<container>-<restartCount>" for the Pod's first regular container
+// (the only one of a Pod of one), as on a host with the default state
+// directory: labels, environment, mounts, network, extra flags,
+// entrypoint, image, command and args. ContainerRunArgs gives any
+// container's.
 func RunArgs(pod Pod, opts Options) ([]string, error) {
+	if err := pod.Validate(); err != nil {
+		return nil, err
+	}
+	for _, c := range pod.containers() {
+		if c.kind == kindMain {
+			return ContainerRunArgs(pod, opts, c.Name)
+		}
+	}
+	return nil, errors.New("userdata: the Pod has no regular container")
+}
+
+// ContainerRunArgs is RunArgs for the Pod's container named name.
+func ContainerRunArgs(pod Pod, opts Options, name string) ([]string, error) {
 	if err := pod.Validate(); err != nil {
 		return nil, err
 	}
 	if _, err := opts.resolve(); err != nil {
 		return nil, err
 	}
-	return runArgs(pod, opts), nil
+	cs := pod.containers()
+	for _, c := range cs {
+		if c.Name == name {
+			var out []string
+			for _, w := range runWords(pod, c, opts) {
+				out = append(out, w.onHost(StateDir, stateDirOf(c, len(cs))))
+			}
+			return out, nil
+		}
+	}
+	return nil, fmt.Errorf("userdata: the Pod has no container %q", name)
 }
 
-func runArgs(pod Pod, opts Options) []string {
-	a := []string{
-		"--label", "reaper.io/pod-namespace=" + pod.Namespace,
-		"--label", "reaper.io/pod-name=" + pod.Name,
-		"--label", "reaper.io/pod-uid=" + pod.UID,
-		"--label", "reaper.io/container=" + pod.Container,
+func runWords(pod Pod, c podContainer, opts Options) []runWord {
+	a := lit(
+		"--label", "reaper.io/pod-namespace="+pod.Namespace,
+		"--label", "reaper.io/pod-name="+pod.Name,
+		"--label", "reaper.io/pod-uid="+pod.UID,
+		"--label", "reaper.io/container="+c.Name,
+	)
+	n := len(pod.containers())
+	if len(c.Env) > 0 {
+		a = append(a, lit("--env-file", envPath(c, n))...)
 	}
-	if len(pod.Env) > 0 {
-		a = append(a, "--env-file", EnvFilePath)
+	for _, m := range c.VolumeMounts {
+		spec := "/volumes/" + m.Name + ":" + path.Clean(m.MountPath)
+		if m.ReadOnly {
+			spec += ":ro"
+		}
+		a = append(a, runWord{s: "-v"}, runWord{s: spec, under: "state"})
 	}
-	a = append(a, opts.DockerRunArgs...)
-	if len(pod.Command) > 0 {
-		a = append(a, "--entrypoint", pod.Command[0], pod.Image)
-		a = append(a, pod.Command[1:]...)
+	if c.message {
+		// A file per container, as the kubelet mounts one: the wrapper
+		// reads it when the container has ended.
+		a = append(a, runWord{s: "-v"}, runWord{s: "/termination-log:" + c.messagePath(), under: "cs"})
+	}
+	extra := opts.DockerRunArgs
+	if usesPause(pod, opts) {
+		_, extra = splitNetwork(extra)
+		a = append(a, lit("--network", "container:"+pauseName)...)
+	}
+	a = append(a, lit(extra...)...)
+	if len(c.Command) > 0 {
+		a = append(a, lit("--entrypoint", c.Command[0], c.Image)...)
+		a = append(a, lit(c.Command[1:]...)...)
 	} else {
-		a = append(a, pod.Image)
+		a = append(a, lit(c.Image)...)
 	}
-	return append(a, pod.Args...)
+	return append(a, lit(c.Args...)...)
 }
 
 // WrapperConfig returns the shell file the wrapper reads (ConfigPath): the
@@ -673,27 +1107,30 @@ func WrapperConfig(pod Pod, opts Options) (string, error) {
 	return wrapperConfig(pod, r), nil
 }
 
+func shellWords(ws []runWord) string {
+	out := make([]string, len(ws))
+	for i, w := range ws {
+		out[i] = w.shell()
+	}
+	return strings.Join(out, " ")
+}
+
 func wrapperConfig(pod Pod, r resolved) string {
 	podJSON, _ := json.Marshal(struct {
 		Namespace string `json:"podNamespace"`
 		Name      string `json:"podName"`
 		UID       string `json:"podUID"`
-		Container string `json:"container"`
-	}{pod.Namespace, pod.Name, pod.UID, pod.Container})
-	words := make([]string, 0, 16)
-	for _, a := range runArgs(pod, r.Options) {
-		words = append(words, shword(a))
-	}
+	}{pod.Namespace, pod.Name, pod.UID})
+	cs := pod.containers()
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Reaper workload for Pod %s/%s, read by %s.\n", pod.Namespace, pod.Name, WrapperPath)
 	// Sourced, so its variables are used elsewhere; the quoting is literal on purpose.
 	b.WriteString("# shellcheck shell=sh disable=SC2034,SC1003,SC2016\n")
+	set := func(k, v string) { b.WriteString(k + "=" + v + "\n") }
 	for _, kv := range [][2]string{
 		{"REAPER_POD_NAMESPACE", shq(pod.Namespace)},
 		{"REAPER_POD_NAME", shq(pod.Name)},
 		{"REAPER_POD_UID", shq(pod.UID)},
-		{"REAPER_CONTAINER", shq(pod.Container)},
-		{"REAPER_IMAGE", shq(pod.Image)},
 		{"REAPER_RESTART_POLICY", shq(pod.policy())},
 		{"REAPER_MAX_RESTARTS", fmt.Sprint(r.MaxRestarts)},
 		{"REAPER_SHUTDOWN_MODE", shq(r.ShutdownMode)},
@@ -704,10 +1141,38 @@ func wrapperConfig(pod Pod, r resolved) string {
 		{"REAPER_POD_JSON", shq(string(bytes.TrimSuffix(bytes.TrimPrefix(podJSON, []byte("{")), []byte("}"))))},
 		{"REAPER_EXIT_TOKEN", shq(r.ExitToken)},
 	} {
-		b.WriteString(kv[0] + "=" + kv[1] + "\n")
+		set(kv[0], kv[1])
 	}
-	b.WriteString("# Arguments of \"run -d --name NAME\", as shell words.\n")
-	b.WriteString("REAPER_RUN_ARGS=" + shq(strings.Join(words, " ")) + "\n")
+	if pod.specForm() {
+		set("REAPER_GRACE", fmt.Sprint(pod.grace()))
+		set("REAPER_MSG_MAX", fmt.Sprint(pod.messageMax()))
+	}
+	if len(pod.Volumes) > 0 {
+		names := make([]string, len(pod.Volumes))
+		for i, v := range pod.Volumes {
+			names[i] = v.Name
+		}
+		set("REAPER_VOLUMES", shq(strings.Join(names, " ")))
+	}
+	if usesPause(pod, r.Options) {
+		network, _ := splitNetwork(r.DockerRunArgs)
+		words := lit("--label", "reaper.io/pod-namespace="+pod.Namespace, "--label", "reaper.io/pod-name="+pod.Name,
+			"--label", "reaper.io/pod-uid="+pod.UID)
+		words = append(append(words, lit(network...)...), lit(r.PauseImage)...)
+		b.WriteString("# The container whose network the Pod's containers share.\n")
+		set("REAPER_PAUSE_IMAGE", shq(r.PauseImage))
+		set("REAPER_PAUSE_RUN_ARGS", shq(shellWords(words)))
+	}
+	set("REAPER_CONTAINERS", fmt.Sprint(len(cs)))
+	for i, c := range cs {
+		v := fmt.Sprintf("REAPER_C%d_", i+1)
+		fmt.Fprintf(&b, "# %s: %s. Arguments of \"run -d --name NAME\", as shell words.\n", c.field, c.kind)
+		set(v+"NAME", shq(c.Name))
+		set(v+"KIND", c.kind)
+		set(v+"IMAGE", shq(c.Image))
+		set(v+"MSG", shq(c.messagePolicy()))
+		set(v+"RUN_ARGS", shq(shellWords(runWords(pod, c, r.Options))))
+	}
 	return b.String()
 }
 
@@ -840,22 +1305,39 @@ func Render(pod Pod, opts Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	type envFileDoc struct {
+		Path string
+		Doc  hereDoc
+	}
+	cs := pod.containers()
+	var envs []envFileDoc
+	envDir := ""
+	for _, c := range cs {
+		if len(c.Env) > 0 {
+			envs = append(envs, envFileDoc{envPath(c, len(cs)), newHereDoc(envFile(c.Env))})
+			if len(cs) > 1 {
+				envDir = EnvDir
+			}
+		}
+	}
 	data := struct {
 		Pod                                     Pod
-		Wrapper, Config, EnvFile, Unit, Agent   hereDoc
-		WrapperPath, ConfigPath, EnvFilePath    string
+		Config, Unit, Agent                     hereDoc
+		WrapperGzip                             hereDoc
+		EnvFiles                                []envFileDoc
+		WrapperPath, ConfigPath, EnvDir         string
 		UnitPath, UnitName, AgentPath, StateDir string
 		ExitLog, ExitLogDir                     string
 		LiveRestore                             bool
 		FailMinutes                             int
 	}{
 		Pod:         pod,
-		Wrapper:     newHereDoc(installedWrapper),
+		WrapperGzip: newHereDoc(wrapperGzip),
 		Config:      newHereDoc(wrapperConfig(pod, r)),
-		EnvFile:     newHereDoc(envFile(pod)),
+		EnvFiles:    envs,
 		Unit:        newHereDoc(unit(r)),
 		Agent:       newHereDoc(string(agentConfig(r))),
-		WrapperPath: WrapperPath, ConfigPath: ConfigPath, EnvFilePath: EnvFilePath,
+		WrapperPath: WrapperPath, ConfigPath: ConfigPath, EnvDir: envDir,
 		UnitPath: UnitPath, UnitName: UnitName, AgentPath: AgentConfigPath, StateDir: StateDir,
 		ExitLog:     r.ExitLogPath,
 		ExitLogDir:  r.ExitLogPath[:strings.LastIndex(r.ExitLogPath, "/")+1],
@@ -866,5 +1348,22 @@ func Render(pod Pod, opts Options) (string, error) {
 	if err := tmplUserdata.Execute(&b, data); err != nil {
 		return "", fmt.Errorf("userdata: render: %w", err)
 	}
-	return b.String(), nil
+	script := b.String()
+	if n := len(script); n > MaxUserDataBytes {
+		if z := gzipLen(script); z > MaxUserDataBytes {
+			return "", fmt.Errorf("userdata: the Pod's user-data is %d bytes, %d gzip-compressed, over EC2's %d: "+
+				"shorten the environment, command and args of its %d containers, or pass large data another way (an image, a volume)",
+				n, z, MaxUserDataBytes, len(cs))
+		}
+	}
+	return script, nil
+}
+
+// gzipLen is the size of s gzip-compressed as EncodeUserData compresses it.
+func gzipLen(s string) int {
+	z, err := gzipBytes([]byte(s))
+	if err != nil {
+		return len(s)
+	}
+	return len(z)
 }

@@ -20,358 +20,119 @@ umask 022
 mkdir -p "$root/usr/local/bin" "$root/etc/reaper" "$root/etc/systemd/system" \
 	"$root/opt/aws/amazon-cloudwatch-agent/etc" "$root/var/lib/reaper" "$root/var/log/reaper/"
 
-cat >"$root/usr/local/bin/reaper-wrapper" <<'REAPER_EOF'
-#!/bin/sh
-# reaper-wrapper, from github.com/reaper-k8s/reaper pkg/userdata/templates/wrapper.sh (comments and indentation removed).
-
-state=${REAPER_STATE_DIR:-/var/lib/reaper}
-imds=${REAPER_IMDS_URL:-http://169.254.169.254}
-iid_file=${REAPER_INSTANCE_ID_FILE:-/var/lib/cloud/data/instance-id}
-scale=${REAPER_TIME_SCALE:-1}
-runtime_timeout=${REAPER_RUNTIME_TIMEOUT:-600}
-pull_attempts=${REAPER_PULL_ATTEMPTS:-5}
-shutdown_cmd=${REAPER_SHUTDOWN_CMD:-shutdown -P now}
-agent_dir=${REAPER_AGENT_STATE_DIR:-/opt/aws/amazon-cloudwatch-agent/logs/state}
-ship_end=
-conf=${1:-${REAPER_CONFIG:-/etc/reaper/workload.conf}}
-zero=0001-01-01T00:00:00Z
-fmt='{{.State.Status}}|{{.State.ExitCode}}|{{.State.OOMKilled}}|{{.State.StartedAt}}|{{.State.FinishedAt}}|{{.Id}}|{{.State.Error}}'
-
-REAPER_CLI=docker REAPER_SHUTDOWN_DELAY=600 REAPER_MAX_RESTARTS=0 REAPER_SHUTDOWN_MODE=when-shipped REAPER_POD_WRITTEN_TAG=''
-REAPER_EXIT_LOG=/var/log/reaper/exit.log REAPER_CONTAINER='' REAPER_IMAGE=''
-REAPER_RESTART_POLICY='' REAPER_POD_JSON='' REAPER_RUN_ARGS='' REAPER_EXIT_TOKEN=''
-
-log() { printf 'reaper-wrapper: %s\n' "$*" >&2; }
-
-int() { case $1 in '' | *[!0-9]*) return 1 ;; esac; }
-
-nap() { sleep "$(awk -v s="$1" -v k="$scale" 'BEGIN { printf "%g\n", s / k }')"; }
-
-now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
-
-size() {
-sz=$(wc -c 2>/dev/null <"$1" | tr -dc 0-9)
-echo "${sz:-0}"
-}
-
-agent_offset() {
-IFS= read -r ao 2>/dev/null <"$agent_state" && int "$ao" && echo "$ao"
-}
-
-json_str() {
-printf '"%s"' "$(printf '%s' "$1" | tr '\t\n\r' '   ' | tr -d '\000-\037' | sed 's/\\/\\\\/g; s/"/\\"/g')"
-}
-
-elapsed() {
-awk -v a="$1" -v b="$2" '
-function t(s,   f, y, m) {
-if (s !~ /^[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]/) return -1
-split(s, f, /[-T:Z.]/)
-y = f[1] + 0; m = f[2] + 0
-if (m <= 2) { y--; m += 12 }
-return (365 * y + int(y / 4) - int(y / 100) + int(y / 400) + int((153 * (m - 3) + 2) / 5) + f[3]) * 86400 + f[4] * 3600 + f[5] * 60 + f[6]
-}
-BEGIN { x = t(a); z = t(b); print (x < 0 || z < x) ? 0 : int(z - x) }'
-}
-
-signame() {
-case $1 in
-1) echo SIGHUP ;; 2) echo SIGINT ;; 3) echo SIGQUIT ;; 4) echo SIGILL ;;
-6) echo SIGABRT ;; 7) echo SIGBUS ;; 8) echo SIGFPE ;; 9) echo SIGKILL ;;
-10) echo SIGUSR1 ;; 11) echo SIGSEGV ;; 12) echo SIGUSR2 ;; 13) echo SIGPIPE ;;
-14) echo SIGALRM ;; 15) echo SIGTERM ;;
-esac
-}
-
-metadata() {
-tok=$(curl -fsS -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' "$imds/latest/api/token") &&
-curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $tok" "$imds/latest/meta-data/$1"
-} 2>/dev/null
-
-instance_id() {
-case ${iid:-} in i-*) return 0 ;; esac
-iid=
-if id=$(metadata instance-id); then
-case $id in i-*) iid=$id ;; esac
-fi
-[ -n "$iid" ] || iid=$(sed -n '1s/^\(i-[0-9a-f]*\)$/\1/p' "$iid_file" 2>/dev/null)
-[ -n "$iid" ]
-}
-
-runtime_up() { "$REAPER_CLI" info >/dev/null 2>&1; }
-
-wait_runtime() {
-n=0
-until runtime_up; do
-n=$((n + 1))
-[ "$n" -ge "$runtime_timeout" ] && return 1
-[ "$n" -eq 1 ] && log "container runtime not answering; waiting up to ${runtime_timeout}s"
-nap 1
-done
-}
-
-inspect() {
-out=$("$REAPER_CLI" container inspect --format "$fmt" "$1" 2>/dev/null) || return 1
-IFS='|' read -r st_status st_code st_oom st_started st_finished st_id st_error <<EOF
-$out
-EOF
-case $st_code in -1 | [0-9] | [0-9][0-9] | [0-9][0-9][0-9]) ;; *) st_code=-1 ;; esac
-[ "$st_oom" = true ] || st_oom=false
-st_started=$(printf '%s' "$st_started" | sed 's/^\([0-9-]*\) \([0-9:.]*\) +0000 UTC$/\1T\2Z/')
-st_finished=$(printf '%s' "$st_finished" | sed 's/^\([0-9-]*\) \([0-9:.]*\) +0000 UTC$/\1T\2Z/')
-case $st_started in 0001-* | '') st_started=$zero ;; esac
-case $st_finished in 0001-* | '') st_finished=$(now) ;; esac
-return 0
-}
-
-ensure_image() {
-"$REAPER_CLI" image inspect "$REAPER_IMAGE" >/dev/null 2>&1 && return 0
-n=1 d=10
-until "$REAPER_CLI" pull "$REAPER_IMAGE" >&2; do
-[ "$n" -ge "$pull_attempts" ] && return 1
-log "pull of $REAPER_IMAGE failed (attempt $n); next in ${d}s"
-nap "$d"
-n=$((n + 1)) d=$((d * 2))
-[ "$d" -gt 300 ] && d=300
-done
-}
-
-# shellcheck disable=SC2120 # its arguments come from REAPER_RUN_ARGS
-start() {
-while :; do
-ensure_image || log "image $REAPER_IMAGE is not available; trying to run anyway"
-eval "set -- $REAPER_RUN_ARGS"
-if cid=$("$REAPER_CLI" run -d --name "$name" "$@" 2>"$state/run.err"); then
-cid=$(printf '%s\n' "$cid" | sed -n '$p')
-return 0
-fi
-msg=$(grep . "$state/run.err" | tail -n 1 | cut -c1-400)
-if inspect "$name"; then
-cid=$st_id
-case $st_status in running | paused | restarting) return 0 ;; esac
-err=${st_error:-$msg}
-x_code=$st_code x_oom=$st_oom x_started=$st_started x_finished=$st_finished
-return 1
-fi
-if ! runtime_up; then
-wait_runtime || return 2
-continue
-fi
-err="$REAPER_CLI run failed: $msg" cid=''
-x_code=-1 x_oom=false x_started=$zero x_finished=$(now)
-return 1
-done
-}
-
-await() {
-while :; do
-if w=$("$REAPER_CLI" wait "$cid" 2>/dev/null); then
-:
-else
-rr=true w=
-log "wait on $cid failed; checking the container runtime"
-nap 1
-wait_runtime || return 2
-fi
-if inspect "$cid"; then
-case $st_status in
-running | paused | restarting)
-nap 1
-continue
-;;
-esac
-x_code=$st_code x_oom=$st_oom x_started=$st_started x_finished=$st_finished
-[ -n "$st_error" ] && err=$st_error
-return 0
-fi
-if runtime_up; then
-int "$w" || w=-1
-x_code=$w x_oom=false x_started=$zero x_finished=$(now)
-err="container $cid vanished before its state could be read"
-return 0
-fi
-rr=true
-wait_runtime || return 2
-done
-}
-
-emit() {
-n=0
-until instance_id || [ "$n" -ge 10 ]; do
-n=$((n + 1))
-nap 1
-done
-[ -n "$iid" ] || log "instance id unknown (IMDS and $iid_file did not answer)"
-sig=
-if [ "$x_code" -gt 128 ] && [ "$x_code" -lt 160 ]; then sig=$(signame $((x_code - 128))); fi
-line="{\"reaper\":\"container-exit\",\"v\":1,\"instanceId\":$(json_str "$iid"),$REAPER_POD_JSON"
-line="$line,\"containerId\":$(json_str "$cid"),\"exitCode\":$x_code,\"oomKilled\":$x_oom"
-line="$line,\"startedAt\":$(json_str "$x_started"),\"finishedAt\":$(json_str "$x_finished")"
-line="$line,\"restartCount\":$restarts,\"willRestart\":$1,\"runtimeRestarted\":$rr"
-[ -n "$sig" ] && line="$line,\"signal\":\"$sig\""
-[ -n "${2:-}" ] && line="$line,\"backoffSeconds\":$2"
-[ -n "$err" ] && line="$line,\"error\":$(json_str "$(printf '%s' "$err" | cut -c1-400)")"
-line="$line}"
-record=$line
-[ -n "$REAPER_EXIT_TOKEN" ] && record="${line%\}},\"token\":$(json_str "$REAPER_EXIT_TOKEN")}"
-mkdir -p "${REAPER_EXIT_LOG%/*}"
-s0=$(size "$REAPER_EXIT_LOG")
-v0=$(agent_offset) || v0=0
-if ! printf '%s\n' "$record" >>"$REAPER_EXIT_LOG"; then
-log "cannot append to $REAPER_EXIT_LOG"
-elif [ "$1" = false ] && [ "$REAPER_SHUTDOWN_MODE" = when-shipped ]; then
-if [ "$v0" -gt "$s0" ]; then
-log "agent offset $v0 is past the end of $REAPER_EXIT_LOG ($s0 bytes): stale, not waiting for it"
-else
-ship_end=$(size "$REAPER_EXIT_LOG")
-[ "$ship_end" -gt "$s0" ] || ship_end=
-fi
-fi
-log "exit line: $line"
-}
-
-said() { grep -qF "$1" "$REAPER_EXIT_LOG" 2>/dev/null; }
-
-shipping() {
-ship_end=$(size "$REAPER_EXIT_LOG")
-v0=$(agent_offset) || v0=0
-[ "$REAPER_SHUTDOWN_MODE" = when-shipped ] && [ "$ship_end" -gt 0 ] && [ "$v0" -le "$ship_end" ] || ship_end=
-}
-
-reap_host() {
-if [ "$REAPER_SHUTDOWN_MODE" = when-pod-written ]; then
-n=0
-until metadata "tags/instance/$REAPER_POD_WRITTEN_TAG" >/dev/null || [ "$n" -ge "$REAPER_SHUTDOWN_DELAY" ]; do
-nap 1
-n=$((n + 1))
-done
-log "waited ${n}s for tag $REAPER_POD_WRITTEN_TAG"
-elif [ -n "$ship_end" ]; then
-log "workload is terminal; powering off once the agent has shipped the exit line, at the latest in ${REAPER_SHUTDOWN_DELAY}s"
-n=0 off=
-until [ "$n" -ge "$REAPER_SHUTDOWN_DELAY" ]; do
-nap 1
-n=$((n + 1))
-off=$(agent_offset) && [ "$off" -ge "$ship_end" ] && break
-done
-if [ -n "$off" ] && [ "$off" -ge "$ship_end" ]; then
-log "exit line shipped after ${n}s (agent offset $off, line end $ship_end)"
-else
-log "exit line not shipped within ${REAPER_SHUTDOWN_DELAY}s (agent offset ${off:-none}, line end $ship_end)"
-fi
-else
-log "workload is terminal; powering off in ${REAPER_SHUTDOWN_DELAY}s unless terminated first"
-nap "$REAPER_SHUTDOWN_DELAY"
-fi
-while :; do
-log "powering off: $shutdown_cmd"
-# shellcheck disable=SC2086 # a command line, split on purpose
-if $shutdown_cmd; then
-trap - EXIT
-exit 0
-fi
-log "power-off command failed; retrying in 60s"
-nap 60
-done
-}
-
-trap 'log "exiting unexpectedly"; reap_host' EXIT
-case $scale in '' | 0 | *[!0-9.]*) scale=1 ;; esac
-int "$runtime_timeout" || runtime_timeout=600
-int "$pull_attempts" || pull_attempts=5
-mkdir -p "$state" || log "cannot create $state"
-if [ ! -r "$conf" ]; then
-log "cannot read $conf"
-reap_host
-fi
-# shellcheck source=/dev/null
-. "$conf"
-int "$REAPER_SHUTDOWN_DELAY" || REAPER_SHUTDOWN_DELAY=600
-int "$REAPER_MAX_RESTARTS" || REAPER_MAX_RESTARTS=0
-agent_state=$agent_dir/$(printf '%s' "$REAPER_EXIT_LOG" | tr '/ :' '___')
-if [ -z "$REAPER_CONTAINER" ] || [ -z "$REAPER_IMAGE" ] || [ -z "$REAPER_POD_JSON" ]; then
-log "$conf lacks REAPER_CONTAINER, REAPER_IMAGE or REAPER_POD_JSON"
-reap_host
-fi
-if [ -e "$state/terminal" ]; then
-log "workload already terminal before this start"
-shipping
-reap_host
-fi
-restarts=$(cat "$state/restarts" 2>/dev/null) || restarts=0
-int "$restarts" || restarts=0
-backoff=10
-iid=
-tries=0
-until instance_id || [ "$tries" -ge 5 ]; do
-tries=$((tries + 1))
-nap 1
-done
-if [ "$restarts" -gt 0 ] && wait_runtime && inspect "reaper-$REAPER_CONTAINER-$((restarts - 1))"; then
-restarts=$((restarts - 1))
-fi
-
-while :; do
-name=reaper-$REAPER_CONTAINER-$restarts
-err='' rr=false cid='' fatal=''
-if ! wait_runtime; then
-fatal="container runtime did not answer for ${runtime_timeout}s"
-elif inspect "$name"; then
-cid=$st_id
-case $st_status in
-running | paused | restarting) log "adopting running container $name" ;;
-*) err="container had already exited when the supervisor started" ;;
-esac
-x_code=$st_code x_oom=$st_oom x_started=$st_started x_finished=$st_finished
-case $st_status in
-running | paused | restarting) await || fatal="container runtime did not come back within ${runtime_timeout}s" ;;
-esac
-else
-start
-case $? in
-0) log "started $name ($cid)"; await || fatal="container runtime did not come back within ${runtime_timeout}s" ;;
-2) fatal="container runtime did not come back within ${runtime_timeout}s" ;;
-esac
-fi
-if [ -n "$fatal" ]; then
-err=$fatal rr=false x_code=-1 x_oom=false x_started=$zero x_finished=$(now)
-fi
-told=
-[ -n "$cid" ] && said "\"containerId\":\"$cid\"" && told=1 && log "exit of $cid already reported"
-while [ -z "$told" ] && said "\"restartCount\":$restarts,"; do restarts=$((restarts + 1)); done
-
-will=false
-case $REAPER_RESTART_POLICY in
-Always) will=true ;;
-OnFailure) [ "$x_code" -ne 0 ] && will=true ;;
-esac
-[ -n "$fatal" ] && will=false
-if [ "$will" = true ] && [ "$REAPER_MAX_RESTARTS" -gt 0 ] && [ "$restarts" -ge "$REAPER_MAX_RESTARTS" ]; then
-log "restart limit $REAPER_MAX_RESTARTS reached"
-will=false
-fi
-echo $((restarts + 1)) >"$state/restarts"
-if [ "$will" = false ]; then
-if [ -n "$told" ]; then shipping; else emit false; fi
-: >"$state/terminal"
-reap_host
-fi
-
-[ "$(elapsed "$x_started" "$x_finished")" -ge 600 ] && backoff=10
-[ -n "$told" ] || emit true "$backoff"
-if [ -n "$cid" ]; then
-"$REAPER_CLI" rm -f "$cid" >/dev/null 2>&1 || log "could not remove $cid"
-fi
-restarts=$((restarts + 1))
-log "restarting in ${backoff}s (restart $restarts)"
-nap "$backoff"
-backoff=$((backoff * 2))
-[ "$backoff" -gt 300 ] && backoff=300
-done
+# The wrapper, gzip-compressed to leave room for the Pod in EC2's 16 KiB;
+# "reaper userdata -o wrapper" prints it.
+base64 -d <<'REAPER_EOF' | gzip -dc >"$root/usr/local/bin/reaper-wrapper"
+H4sIAAAAAAAC/7R7e1fbSPLo//oUlR4RW4CwbB5J7Ch72cTJcCeBXDC7s4NZH0VqmQ6y5JVkTAK+
+n/13qrpbL5vszPx2z+EYqbuqurq6ul7d+ulZ54uIO9mN8ROk3Jvz1F6m3nzO010I02QGU5HfLL7s
++cmso/pvX2bqEea3084i42ng5V4n57N55OU86ygKe9kNtP1kNuNxnoEXByDigMe5l4skhpTPkjse
+WHuGkeVezl3z4Xx4/Hl4PrkYHY+Gk3cn5327c+elnUh8UQOuDDELshLy5NO7i8nl+ce+fZPn836n
+0z16tdc7PNhT/1eGEMEkFFGF+snpxej49O1wcvJu8v7k47AyiB8li6BDkxFxlnuxz20RrIzM96oU
+RiefhpOLt8eI210Z6SLOxYxP8CdZ5CXc+eUpgeLP2eWobx85zsqYL6Jo4uUorbwylc+XHz9Ojkej
+4afPo4u+fbgysptFHiTLeOLPgopwfr4cvTv7++nk7ad3fVvDgP0Z4mS5Mrwpj/NJINIS4/jD8HRU
+E2oyzzveMut4M+97Ets07aWX+zc2oXeiZJp1aFGQCzGf8DhwDT+JQ9d86PbtgvTbs9P3Jx/6dofn
+vlqizjJJb6PEC/YQfrUyvvM0cR3H6dr0N3KcPv39ZoSz3G09POxd4Ej0u8hWq8eiZXgv8rdJwKtt
+Z2effhFRxINq40XupTkPjvNq43sRi+ymbD2poQzTNElXq5Zh6Kl8PHGDxL/lKTQl/W748fgf7pHj
+6J5Px79OzocXo+Pz0YXrrMF/Ons3dJc3PLZReHMeaIjPZ+8mfz8/GY2Gp5PR8Qe31dKjD389GU0+
+nn1wpS4mUy1Nfi/yvSiZahJq2Mnns48nb//htlpV2v/34uy00kRER2e/DE8rI709Ox0dn5wOzyuc
+fzg/fjt098v5XXzAOboHzqsj3fa3s4+Xn4YX1RGPLy+Gk5NPxx+Ga63nl6eT4/MPCG4YUTJtW/AA
+81TEeQitup3pw1Y2jlvAzG0Gb573BrAyDBHnhOJ7GQezCyKGVgseYfvqmWO/ut62IOX5Io2hC4MB
+8MzzCS325oSWRZzPgZltb3kL9h1kLjO7DJ9uXWbSdmbQ+uvww8lpyRfbmo5jtgsZdOAWVi2LSZrJ
+kmgGXs7BXsDO1j/srZm9FYy2fu5vfepvXfxGcJn4zhHQyL67Znvpg+1D700n4HedeBFF8JpYeIQ8
+BTvwwbFfWQb3bxJg5kP2vW87K2asDLWBkzDMOInAOHl/4aJpDsBOwUuaNCU8bVYGz5+DiHNgppfQ
+i6LvJUT6a5bEkyxPiaxeDLaVMRR+WzdsZfiqWW2N83E8TlvQAoCWZh9aY8dx7LGz/wLbMh5AK+uM
+x53xeDzuTAeQdVhnPGadacsqh849EdHYSQD2cYzLYeeLLjyCWqaZdy8XqmU8QJik0A7Bhe4AQnjt
+wun7AYQ7OxZ8uYp3dq7BBTOEHXBgZQxP38GDIcAFx1jeiIhDW8BriEkg8Br28eHLlbiGNy50ey+L
+19fQfdWzQOzsGLM1bGTVB5cgBxDxmCBECG0fEXsvSUPn4IKvu7uwMniUcZBQONqrAxwNMXq9gxID
+bBxa4/XW8Hq9Eu/AqeH1egcab38d78Ap8Q7reAeOxjuAlZHcgkuvb8CRgtqh19cuxAZJ/1ZKP7nF
+7lt4jd0DuMU1eDACKRnYgdtrEkoghQKPjxDImfcsoEEcyaNkZA7bcHQAOxCgCHovjRVhy0GIO1eu
+V9uf4yScAyKJb29cODzsvTqiCWLn4Yv9gwPLKoZZI3RQEjo6PNw/QkpICLrd7kG3262jPktuC4Eh
++H6xrANYXs2upcCBJqPeIx4bi6uZ1Ed/PkApytaVkSPhAWTgwkwrVqalncMOLK8ylME1inzm3ZPl
+su0B9rnYeY2rtEAyjJUrkg1oLWbFShC/iyu1DPjmwv6BBRIVf9l4PGasoikEQ+tTgxnXYd64sN8r
+hN3tvajCZ9JgtNmWz3bBn1s1VCXvjQjj8WLLObivYpHQbSn1o8EPkEpcqQk7aPBwwA50nd6BtQuH
+R/s9B3aQ4JZsg5Wx0vaOjdlWNmZsF6kbqxYaJx5584wHZJqUJfIKh/HFZWYPLVK4iH0KXPN2tgsA
+4S5824UZIuGcM3j2/6Hzzyt0T40fe+PjqHzsb3zsFE7O7hrZPBI0cLgLnSt71P9t77pjGd/AhfCq
+e412cAAzeuvRGzE1Q83qoV59Q72aoV510dYowu39o0PYhm9KjN+gAwcW2MVL13Gsal/52u4e7sM2
+jmDDPjb2LOjAIT6FV/vXFmzDy6MDx6H3g2vYhv0j9XaIb0fy+ejaWBnaD9+DC3nbswbwnZ6+WAPp
+m6F9D6/Bwc37HV7DvQV/AQf6xMh3sLFBrmQmprE3k264DB2MriU94cXJh58vP2PE0CtbTk5H2LJf
+tvy/yxNqOqgAffwIg4FxVLYc//WcgF6UTX+9vMCWl2XL+89DbHlVtvyiKHWdsu3y4pzCmG6Fz4vh
+h79RW68G16O2Cq+fT2gIo1th9vjj+SeCOyzbRkNqMzBUQknNeO5hokOiypNb12z7izQCO8wuwJ5B
+D+xf4fPlCOyfofWr7S0zm/s9W6PZeXLLYzvPIzvjfhIHWR+OHAwcMEHrUBqYd7y56BAgs+D5c6M5
+wM/AnqLcBzNPblmDHsLYlJ6ZXWasqqEQhowyY5uIoLL+D0IEfXuFAaSwy7DR0WEjJogu7hURuGZb
+MwGV9M8aQH7DY0VPBAUpxMR3TSkUxhXYMfIsAgbXqK4E08b4yI6h1c06/xy3BRkBzw6vt8eW2Rl3
+O/OWRKJMlVWnZdVJ4srpdHMhQ11mlgkMAxGHCVQCxN6b512KTpeeyCcKlcQTu46BrxGUBAcQJEbs
+mu12DDvQtXB0ZsYM7CkHZjYSXZzi8+dFIF7A8n9BV3Zh3sL8JM49EfNUDwRxkoMXZ0ueing6AGRN
+xFNYzCFPwHxoDLPKGMb10DWCJOYGJQfZnPsyOqaEu10XQjmiggTbDpN05mFkHM5yJuPbqphxrYqJ
+YMTdemwVQXcm4+tFhk9+EnD8nyQz1YGpJz6GKuHEZ0G/HJNMeP16ePbeMNHf4IPUI01JoHWHRyCL
+r/+vv9CPhaq2bWkuXLtIfkj2kimGpjNdcKl/ss0NvSjjRsmu2wz3yy5WxvP/HLdxXBv1FORzf49e
+dhzHceBy9BbVdzTu/dZpWUZFBJvo674/P0AhOS10EQMVFrbhEVotC6oT/M7TpBBPgVms0QbUCvNx
+srQKZG0yKFSIs0XKJ2LmTeU2amw/bC+0jrSssRkrO8YxYrcLgdvVG7FOa44okgQmxUFS34y1MlJz
+K9LGIwJJiD4w9ETEA2greDBjawAxv89RDuZDoPcYMwNWMwCA0mgHsA09ZQ0CZCCHfceRYwbuvuMU
+W9O/8yi9BH7nRcCqSjBm47JuZHYnZq9vr8ZMJtl+IGRaKkK4qgiiKFYUdkVaY53Zyrx3IEPyalvH
+75ht5EaK8PT40xDz+VAgl1HiKR8hXLMLPsYM7ho4+LciDmrtv5ycvrPAp2WudVAVxDL8WTattX+6
++GCBny7iWquujljgZ9gRCNlhSeb8WxKhVIrZreyVs8LOmuVCxQBcOmfPOcSXmKNAF3FBJp2tESCR
+/wTZDY8i/4b7txCIzPsScffiba/bc+AnEHkGXjpdyNqtn8y4LAfnN7y0r60MbTrCZQZtPBKqzHT6
+pLLV/QLMlJJjaJlIRWW7agaRSddw54kIuRlAnn5Dz5Ancpz429L7xgypWxlHuw4mSpeh3vjka+ub
+CNHsAGwblxi3jzfjaP7/DwqRmX7WSRfxHk9TVrh5UbdesjTli8JuoSM35y2rtAuhMOS6T1M+hz2o
+0YVHyD0RIRraeX+Rg+13bQylKewobAWxVmWC3EjN6KELEjFOKkaxPMLcWyBL6LtI/iKebghxeJq6
+5oP2R33bnGXTlXEvnUjhie7JUygvAvelJa0Y3PuKkaxYTKMwPKHAST2rxRQ0o2r8UXG2PQOVScQL
+jqjIaHX9aPmk7eoDcs1okVstzbzdVWyTg6syTeb/vmnTS0a1wfKQsTW1FSEs13QJIbUqVGMHNcM+
+ZbJGmrrkfpeutMKElcSo5IGaywBo05FmV7eTlpqOd56UmZRyqTrIUi1KraqL8WN1UWMVy6BzhP+k
+eqgYVmug8laklrqttptEuK5Asq65JNuxdO1uweDyD6oAKVkpc1qXO0+FBV94mKScrB/ZS/CTRYTN
+FAyyGpdqpZ9eJq1jagFqZdeaYZGWCB+NvnpZzBmKjUtjkuXJXEmtrpPYAXZetlIpnxWE68FHLZSZ
+8SzTUYxaIJ+22HVlEo4RushAztOZiOngzka1nnn3rlk/LZCu+xnYGUbZiturgqoL770o+uL5t6Pk
+YzLNzmI6ginB5HoysGMOjm6WbFHuo/RA8hMlUxvNaiP+ipJpBjb1wEunIt6Qyejr8RH68p2CmZl3
+L8MZqjLSmDgzfFPpXHUy0o77Go86HqEobat2lG2S3/A0qwY0XZSAVNHr2lalIAO3qYhFbj0lCWJa
+enAeByKeMkzmZ56ILeOr24XIy3K3q2wY0vjKwI745kjquogmv8pBUE6VBdORylcV8CDrOJSGeCb1
+UsctX5nVQVVXFIgV4yvGjV9VFkkbQS0mdrOnJlVYn1DgtP7QfAK3ypGW+6YZKv4DzbVaj6KjLmfa
+DlcaZTGvx9qOZLU52cLPYM4wUx6mTLkrtQpJvQjsu46aTi0Nr+S/ayUGGUgpgiACWMS3cbKMoX3y
+6d0FHbsXtQUIRFBJvy1mZGLqalkVejfNqZC/vjWjHLpHThGEI7LZVkU3MNttCSjr+pZlUbwtQyNl
+bSwKb41ZknKVlMqtIncIbj/sIbMaiZi77GHM5HHhmPXHpdm2+b3Ix2x3zO7GrN/dHRcSOAnGrG+2
+9VmXEpW1azbOSZkawMR/uxXSTXTKDpi1i4yQb3mbLOIcodR79iSpdV584mXMuDraxn4ptN0xS5KZ
+PNuWrZjMNyhn+qC7Sbdwe0Q9LI6+1+GKNNxqEl+KKDqXU0I0FKryaqpVMpamynYmKa8UG3Dn18jJ
+hT2Xvm/M+gjHilBATNkmJNKliNYaYcaswHjAdHEjDvqUJAwvZB0SWewVWBSBb8ChmKMpnEbNQkXv
+1YgdhaYoK1epdgi9PXOhxVhr03hK/XFEBK1KfoVRhZ+kgUuvmv7aGX5hdwiWmQ8IvTVerXbHjGqm
+zemsU7BWzJD5pI25/kPj8sFWZ3vFjMyhPf2dN0h8PPvALOMOe6tn1FQ6u3Ncp3JThFKAZqQjGWfw
+5s06XWWBZb3Qi8lCzec8Dqgi2IQ2eLTBqxZLofSy0bzpkgaC1e5paFegyN850hgyM3NKP0FckghA
+igDMOweT17mX5RTRI+NJuMY4tM3MgS/fcp5ZfYwvI75L1lhXQMMkBZHLM7hSnD9YDSr7Kbgaq1T7
+K9YjFCqqfiIS0UEn+UPjCSE217Mct/DiRRMOJ0sQUlpo7mhH9IGUnIKkPIkCFX02VrIafxIRUijl
+KQhIMU7rJuKp8UeZq89YsboyjMyTpwdAqbz9r/eStXXZ12swiKlYkVdAfsfa/WAn/X591dpdVwKn
+7CAVpsCpBGloBzK/mPP0TmQyG4gSL6B5V42Fn6Gdkg4PIy0qpvtZp3CCG+rpCtpRyVsJWu9VBtzt
+OlpHS8jKdGp5Ft10Ufmvuk8kPbVtttsaHQMRy9LWpcJ9AwI1opr+Uz2wQVVjUP7YakGaqoxTViQg
+9HIvclstqatVXnXiQgAbjkPqMRkZgY2HIGT1/kS96N8UAGQA6QXJnGyQBq5kyLJoNhgY2xY0sucb
+LwAvwtz4G+Am5wEpKFlBrVRJCsXZwn+juvDHSx6qWxZ/UBn/7dpQART1FJYiv6Gi+YYV0rMj+02q
+XE2rG8a2kVIzw7+ZJQE4R0dHsBkgFLLKqmb8F5ypY0kLq4VEiwVtDDQt9t+caM/6DxGDSs5Xyoxo
+l0KjWhG1lRvvz9YAQ2FQguQatfoCmhQ0/8CaEfyYQMaMEhSJ2i2ON8m1obP3RbkVUj5PSOGLDNb+
+Dswk3KeGUgPh+lFi81S2scuo5r/RmlG2KE8BDAPjeZVkVUoNfXPjTVLUpUwE3PfS/rYF66Wnx0cg
+ghTuDwZUruif8jueWsXr9pP1ixrqzBNx/zhaet8ya0PPWfzeE9Ei5b+Pmjr/rGlNASSnr7wKttQz
+loqjrd7pXfOiVX/En8KpxYcKAyIxEzlsQoCUe/4ND6TBl1lmdc1CIa+Hrq2vsh9l9tmYXj22K7eU
+1j6VvGP4pYMpeXyGnKqGUNRKnRSRtNU9qVq62cwpSUBH+nCw4tkbTKA+0YC0GMxUkKxqNqtlv8ax
+zgzs8IkiZ1ETkaVbtEPyUwPaomRFn947tcVDDyIXRh6TKh5XGWgsKDTD0geoxUT03M12Wz1WTlE1
+VP0sVaPsO87m4m+xJrq0/OcO8TZe1TbIVVbLwev3vJvF4SdK3071eELFUUT9yUMKHXZsOL1qFrxR
+7FWaPzxh36Q2P0KmXVc/s9wkhcb55TrInzzL3LgwzPjRmWZtNnSwWZuSzn7K48hHqeMYoX1OglYG
+Mc+XSXpbifi0/yZh96FysNkk9uTZJmV4qLkT5VVkNTzgXkC1D7PdNtt0pX5nK7Ngp/YpAkbkSQpz
+2nYaXx7MuebDfGurv72COca8D/OftvsrnbGI8vyENo0R8TCnCwxqWLChMqraiwgka5s9VbpBrJ46
+CS4SnbVzP7pLLHS541ZEEdgOMHPeAKycDzaNWy2NkW06odObAy26DmdrHgZniAknKAFpU9Wepp7P
+wXzAaazQMD11ZCQn/rutKCFKG0oBLs14fbqUTMmjUuwqT8G4N5/cJFm+4Z7H5ix3ngT2MhV5zuNi
+6mUNvbirx3JvmhUfbHXMzR/b1GZYr7mvs0Ff/OiDBVl8r9XjaU7F8S6G3Q/xKiNPnntTeIqFmgZU
+8vHqsurPp9CCqAwgGsA8kbflAN1IEvucMixZhLrxMtAFAao+6WLLLniyHiWvT0ontnGqdP/HdZC6
+q8T7v5KP9Hv14oZSbOX1mhUJ9H4p926laEspEfj1j5Gr4ismX4jEC3NMYmmB2vWyXRKGuxKYxwEU
+JC2l4A2CtAcU0SKfeUKczZEekjDs23ES89UTI6LjKQb9HUrww9EXccSzAhUVNBRplusYZfNyNqsg
+8hJZZcw+Mlx+k8iejD6cl0fwE3gYccy8OFDKSFfYIYlhvkjniQzLawTVOuapNwcbhr+ejAySPoWg
+JTc2Tl+T1jcqUq78q4jhyFHX2Y7KQImItooVpfumMb9Hy8uD6BsbQGGfWnJoFaT4XsSLz8+c4hO0
+vettC+R3oeUtTFXmal6TxcCo8Y3okaOLYo17fI+PUP9A9LBahFOfeRW2WZbK/ZSjS1O9RnEQTwdO
+SRw2tojCotutsr+0zSjp2qpmySL1uVta9z1NVPH/hGl4fHz6M8o6Zj2JKvHqH1nWcaqnvyVG9dPG
+Ory6FVGC6i8eG6zImww1LiqfQhqVb+1cs/jSttM8OFqrFcsv6TrQb0FrMpm0rB9dc4xyuj4tD52/
+F8fxXXXHkNX6moea9ZWmhYLI82+zdRntUnpQBH0ZJCmsnZHWFENa5fKEXFumpzyYroZoOH27Jr8R
+mYwtWVnBr4204c5iLcSgS/t5Knj2oyN1ApD+4lD5Koljttv0sH66jh78jmxr/bNXQm5uxM5dEi1m
+POuYdxS3qQLeixcvNkHIAZ5M2Lqv4CdZrYTcu+WYPlRytySUJVU/FfNcZmqGrtdkbqtF9zPoQdSu
+TYgfXZuo3YZoXHpQHkCH1dqkqJS0fnFi40WWdnGmQBSoSKQYtox6Hzw3KJh/Vs6ImaKP4WMZ/rMi
+LtFMLHRd6sfBd3E/tqsKY9V6I6qCqAZ1/0XxMSmiJ27TrEl1TUZyiZlJ/8F8xjbPgDIn+ZmKBCUR
+VCJyJYZacmYYlcs4xb5e2/HrQVflpEtmSg1AqzzMpG1O1Re90/8nAAD//yVSDUF9QgAA
 REAPER_EOF
 chmod 0755 "$root/usr/local/bin/reaper-wrapper"
 
-# The Pod and the launch's exit token, for the wrapper, and the container's
+# The Pod and the launch's exit token, for the wrapper, and the containers'
 # environment: root only (0600).
 umask 077
 cat >"$root/etc/reaper/workload.conf" <<'REAPER_EOF'
@@ -380,8 +141,6 @@ cat >"$root/etc/reaper/workload.conf" <<'REAPER_EOF'
 REAPER_POD_NAMESPACE='batch'
 REAPER_POD_NAME='installer-7xk2p'
 REAPER_POD_UID='6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b'
-REAPER_CONTAINER='main'
-REAPER_IMAGE='registry.example.com/tools/installer:1.4'
 REAPER_RESTART_POLICY='Never'
 REAPER_MAX_RESTARTS=0
 REAPER_SHUTDOWN_MODE='when-shipped'
@@ -389,10 +148,15 @@ REAPER_POD_WRITTEN_TAG=''
 REAPER_SHUTDOWN_DELAY=600
 REAPER_EXIT_LOG='/var/log/reaper/exit.log'
 REAPER_CLI='docker'
-REAPER_POD_JSON='"podNamespace":"batch","podName":"installer-7xk2p","podUID":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","container":"main"'
+REAPER_POD_JSON='"podNamespace":"batch","podName":"installer-7xk2p","podUID":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"'
 REAPER_EXIT_TOKEN='9c0d6b1e2f3a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9012345678'
-# Arguments of "run -d --name NAME", as shell words.
-REAPER_RUN_ARGS='--label reaper.io/pod-namespace=batch --label reaper.io/pod-name=installer-7xk2p --label reaper.io/pod-uid=6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b --label reaper.io/container=main --env-file /etc/reaper/workload.env --entrypoint /bin/install registry.example.com/tools/installer:1.4 --all'
+REAPER_CONTAINERS=1
+# container: main. Arguments of "run -d --name NAME", as shell words.
+REAPER_C1_NAME='main'
+REAPER_C1_KIND=main
+REAPER_C1_IMAGE='registry.example.com/tools/installer:1.4'
+REAPER_C1_MSG=''
+REAPER_C1_RUN_ARGS='--label reaper.io/pod-namespace=batch --label reaper.io/pod-name=installer-7xk2p --label reaper.io/pod-uid=6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b --label reaper.io/container=main --env-file /etc/reaper/workload.env --entrypoint /bin/install registry.example.com/tools/installer:1.4 --all'
 REAPER_EOF
 cat >"$root/etc/reaper/workload.env" <<'REAPER_EOF'
 MODE=full
