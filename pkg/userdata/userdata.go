@@ -79,12 +79,12 @@ const (
 
 // Where the user-data installs things on the instance.
 const (
-	WrapperPath     = "/usr/local/bin/reaper-wrapper"
-	ConfigPath      = "/etc/reaper/workload.conf"
-	EnvFilePath     = "/etc/reaper/workload.env"
+	WrapperPath = "/usr/local/bin/reaper-wrapper"
+	ConfigPath  = "/etc/reaper/workload.conf"
+	EnvFilePath = "/etc/reaper/workload.env"
 	// EnvDir holds the --env-file of each container of a Pod of several,
 	// named after the container (a Pod of one uses EnvFilePath).
-	EnvDir = "/etc/reaper/env"
+	EnvDir          = "/etc/reaper/env"
 	UnitName        = "reaper-workload.service"
 	UnitPath        = "/etc/systemd/system/" + UnitName
 	AgentConfigPath = "/opt/aws/amazon-cloudwatch-agent/etc/reaper-exits.json"
