@@ -134,6 +134,57 @@ type fakeRun struct {
 	// ExitedMeanwhile: the container ends while the wrapper killed at
 	// "wait" is away.
 	ExitedMeanwhile bool
+	// Message is what the container writes to its termination message
+	// file (MessagePath, default /dev/termination-log); Logs its log.
+	Message, MessagePath, Logs string
+	// UntilStop: the container runs until docker stop, and then exits
+	// with StopExit (default 143).
+	UntilStop bool
+	StopExit  int
+}
+
+// writeRun writes the docker double's settings of one run into dir.
+func writeRun(t *testing.T, dir string, r fakeRun) {
+	t.Helper()
+	set := func(k, v string) { writeFile(t, filepath.Join(dir, k), v) }
+	set("exit", fmt.Sprint(r.Exit))
+	set("oom", fmt.Sprint(r.OOM))
+	for k, v := range map[string]string{"started": r.Started, "finished": r.Finished, "start_error": r.StartError,
+		"run_fail": r.RunFail, "kill": r.Kill, "message": r.Message, "message_path": r.MessagePath, "logs": r.Logs} {
+		if v != "" {
+			set(k, v)
+		}
+	}
+	for k, v := range map[string]bool{"live": r.Live, "client_fail": r.ClientFail, "vanish": r.Vanish,
+		"exited_meanwhile": r.ExitedMeanwhile, "until_stop": r.UntilStop} {
+		if v {
+			set(k, "1")
+		}
+	}
+	if r.Outage > 0 {
+		set("outage", fmt.Sprint(r.Outage))
+	}
+	if r.StopExit != 0 {
+		set("stop_exit", fmt.Sprint(r.StopExit))
+	}
+}
+
+// named gives the run of the container named name (reaper-<container>-<n>)
+// its settings, whatever its run number: containers that run in parallel
+// start in no fixed order.
+func (h *harness) named(name string, r fakeRun) {
+	h.t.Helper()
+	writeRun(h.t, filepath.Join(h.fake, name), r)
+}
+
+// cidOf is the id the docker double gave the container named name.
+func (h *harness) cidOf(name string) string {
+	h.t.Helper()
+	b, err := os.ReadFile(filepath.Join(h.fake, "n", name))
+	if err != nil {
+		h.t.Fatalf("no container %s: %v", name, err)
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func writeFile(t *testing.T, path, body string) {
@@ -186,40 +237,7 @@ func newHarness(t *testing.T, pod Pod, opts Options, runs ...fakeRun) *harness {
 	writeFile(t, h.conf, conf)
 	writeFile(t, filepath.Join(h.fake, "events"), "")
 	for i, r := range runs {
-		rd := filepath.Join(h.fake, fmt.Sprintf("run%d", i+1))
-		set := func(k, v string) { writeFile(t, filepath.Join(rd, k), v) }
-		set("exit", fmt.Sprint(r.Exit))
-		set("oom", fmt.Sprint(r.OOM))
-		if r.Started != "" {
-			set("started", r.Started)
-		}
-		if r.Finished != "" {
-			set("finished", r.Finished)
-		}
-		if r.Outage > 0 {
-			set("outage", fmt.Sprint(r.Outage))
-		}
-		if r.Live {
-			set("live", "1")
-		}
-		if r.StartError != "" {
-			set("start_error", r.StartError)
-		}
-		if r.RunFail != "" {
-			set("run_fail", r.RunFail)
-		}
-		if r.ClientFail {
-			set("client_fail", "1")
-		}
-		if r.Vanish {
-			set("vanish", "1")
-		}
-		if r.Kill != "" {
-			set("kill", r.Kill)
-		}
-		if r.ExitedMeanwhile {
-			set("exited_meanwhile", "1")
-		}
+		writeRun(t, filepath.Join(h.fake, fmt.Sprintf("run%d", i+1)), r)
 	}
 	h.env = []string{
 		"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH"),
