@@ -229,20 +229,20 @@ func serviceAccountConfig(t *testing.T, stack *labstack.Stack, namespace, name s
 // exited is the outcome of a container that exited 0 and will not
 // restart, as pkg/reaper hands it to pkg/kube.
 func exited(now time.Time) model.Outcome {
-	return model.Outcome{InstanceID: "i-0123456789abcdef0", Exit: &model.Exit{
+	return model.Outcome{InstanceID: "i-0123456789abcdef0", Exits: []model.Exit{{
 		Container: "main", ContainerID: containerID, ExitCode: 0,
 		StartedAt: now.Add(-time.Hour), FinishedAt: now, ReceivedAt: now,
-	}}
+	}}}
 }
 
 // restarting is the outcome of a container that exited 1 and that the host
 // restarts.
 func restarting(now time.Time) model.Outcome {
-	return model.Outcome{InstanceID: "i-0123456789abcdef0", Exit: &model.Exit{
+	return model.Outcome{InstanceID: "i-0123456789abcdef0", Exits: []model.Exit{{
 		Container: "main", ContainerID: containerID, ExitCode: 1,
 		StartedAt: now.Add(-time.Hour), FinishedAt: now, ReceivedAt: now,
 		WillRestart: true, BackoffSeconds: 10,
-	}}
+	}}}
 }
 
 // lost is the outcome of an instance terminated with no exit line.

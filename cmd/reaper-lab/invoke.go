@@ -259,8 +259,11 @@ func recordSummary(rec *ledger.Record) string {
 		return "no record"
 	}
 	var parts []string
-	if e := rec.Exit; e != nil {
+	for _, e := range rec.Runs() {
 		exit := fmt.Sprintf("exit code %d (restart %d)", e.ExitCode, e.RestartCount)
+		if len(rec.Exits) > 1 {
+			exit = e.Container + " " + exit
+		}
 		if rec.Unverified {
 			exit += ", not yet checked against the tags"
 		}

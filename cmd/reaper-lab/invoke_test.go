@@ -194,7 +194,7 @@ var expectations = map[string]func(*testing.T, *replay.Invocation){
 		wantInstance(t, inv, ec2server.Terminated)
 		wantTerminated(t, inv, replay.SampleInstanceID)
 		wantBatches(t, inv, reaper.BatchSummary{Messages: 1, Instances: 1, Lookups: 1, Reconciled: 1, Patched: 1, Terminated: 1})
-		if rec := inv.Instances[0].Record; rec == nil || rec.Unverified || rec.Exit == nil || rec.Pending != "" {
+		if rec := inv.Instances[0].Record; rec == nil || rec.Unverified || rec.Latest() == nil || rec.Pending != "" {
 			t.Errorf("ledger record %+v, want the claim recorded verified and settled", rec)
 		}
 	},

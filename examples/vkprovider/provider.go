@@ -65,6 +65,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/model"
+	"github.com/reaper-k8s/reaper/pkg/podstatus"
 	"github.com/reaper-k8s/reaper/pkg/userdata"
 )
 
@@ -446,8 +447,8 @@ func (p *provider) statuses(ctx context.Context, byInstance map[string]*corev1.P
 		// The ledger is keyed by instance: only a record naming this very
 		// Pod (not an earlier one of the same name) and checked against
 		// the instance's tags speaks for it.
-		if rec, ok := recs.Found[id]; ok && rec.Pod.UID == string(pod.UID) && !rec.Unverified && rec.Exit != nil && rec.Exit.Terminal() {
-			out[pod.UID] = exited(pod, *rec.Exit)
+		if st := endedFromLedger(pod, id, recs.Found[id]); st != nil {
+			out[pod.UID] = st
 		} else if _, described := insts[id]; described {
 			// Gone with no exit recorded: Reaper waits for a late exit
 			// line and then finalizes the Pod; a status written here
@@ -456,6 +457,22 @@ func (p *provider) statuses(ctx context.Context, byInstance map[string]*corev1.P
 		}
 	}
 	return out, errors.Join(describeErr, ledgerErr)
+}
+
+// endedFromLedger is the status of pod as its instance's ledger record
+// (rec, the zero Record when there is none) ends it, by the kubelet's rule
+// over every container's exit (podstatus.Build), or nil while the record
+// does not end it. Only a record naming this very Pod (not an earlier one
+// of the same name) and checked against the instance's tags speaks for it.
+func endedFromLedger(pod *corev1.Pod, id string, rec ledger.Record) *corev1.PodStatus {
+	if rec.Pod.UID != string(pod.UID) || rec.Unverified || len(rec.Exits) == 0 {
+		return nil
+	}
+	st, ok := podstatus.Build(pod, model.Outcome{InstanceID: id, Exits: rec.Runs()}, time.Now())
+	if !ok || !podstatus.Terminal(st.Phase) {
+		return nil
+	}
+	return &st
 }
 
 // describeIDs is EC2's limit on the instance ids one DescribeInstances
@@ -604,32 +621,6 @@ func running(pod *corev1.Pod, launched time.Time) *corev1.PodStatus {
 		},
 		ContainerStatuses: []corev1.ContainerStatus{cs},
 	}
-}
-
-// exited is the status of the Pod whose container ended for good with e,
-// as the kubelet reports it.
-func exited(pod *corev1.Pod, e model.Exit) *corev1.PodStatus {
-	st := pod.Status.DeepCopy()
-	reason := "Completed"
-	st.Phase = corev1.PodSucceeded
-	switch {
-	case e.OOMKilled:
-		st.Phase, reason = corev1.PodFailed, "OOMKilled"
-	case e.ExitCode != 0:
-		st.Phase, reason = corev1.PodFailed, "Error"
-	}
-	cs := containerStatus(pod, corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
-		ExitCode: int32(e.ExitCode), Reason: reason, Message: e.Error, ContainerID: e.ContainerID,
-		StartedAt: metav1.NewTime(e.StartedAt), FinishedAt: metav1.NewTime(e.FinishedAt),
-	}})
-	cs.RestartCount, cs.ContainerID = e.RestartCount, e.ContainerID
-	st.ContainerStatuses = []corev1.ContainerStatus{cs}
-	for i, c := range st.Conditions {
-		if c.Type == corev1.PodReady || c.Type == corev1.ContainersReady {
-			st.Conditions[i].Status, st.Conditions[i].Reason = corev1.ConditionFalse, "PodCompleted"
-		}
-	}
-	return st
 }
 
 // containerStatus is the status of the Pod's container in state, keeping

@@ -165,8 +165,11 @@ func leave(left map[string]error, ids []string, err error) {
 // World is the Pods and the instances; it records, in order, the Pod
 // writes and terminations made to it.
 type World struct {
-	mu        sync.Mutex
-	Pods      map[model.PodRef]bool // existing Pods
+	mu   sync.Mutex
+	Pods map[model.PodRef]bool // existing Pods
+	// Live are existing Pods with their spec and status, which ReadMany
+	// reads and ApplyTo writes, for Pods of several containers.
+	Live      map[model.PodRef]*corev1.Pod
 	Instances map[string]instances.Instance
 	Log       []string // "pod ns/name exit/0", "terminate [i-…]"
 	Describes [][]string
@@ -242,13 +245,17 @@ func (w *World) ReadMany(_ context.Context, refs []model.PodRef) (map[model.PodR
 		if w.Pods[ref] {
 			out[ref] = kube.Snapshot{Ref: ref, Result: kube.Current}
 		}
+		if pod, ok := w.Live[ref]; ok {
+			out[ref] = kube.SnapshotOf(ref, pod.DeepCopy())
+		}
 	}
 	return out, nil
 }
 
-// ApplyTo writes the outcome to a Pod of one container, "main" (or the
-// exit's), with the real status truth table (podstatus.Build): the phase
-// it answers is the one the real writer would write.
+// ApplyTo writes the outcome to the Pod the snapshot read (PodSpecs), or
+// else to a Pod of one container, "main" (or the latest exit's), with the
+// real status truth table (podstatus.Build): the phase it answers is the
+// one the real writer would write.
 func (w *World) ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome) (kube.Applied, error) {
 	if w.ApplyDelay > 0 {
 		select {
@@ -262,12 +269,21 @@ func (w *World) ApplyTo(ctx context.Context, snap kube.Snapshot, o model.Outcome
 	if snap.Result != kube.Current {
 		return kube.Applied{Result: snap.Result}, nil
 	}
-	container := "main"
-	if o.Exit != nil {
-		container = o.Exit.Container
+	pod := snap.Pod()
+	if pod == nil {
+		container := "main"
+		if e := o.Latest(); e != nil {
+			container = e.Container
+		}
+		pod = &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: container}}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 	}
-	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: container}}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
-	status, _ := podstatus.Build(pod, o, time.Now())
+	status, write := podstatus.Build(pod, o, time.Now())
+	if live, ok := w.Live[snap.Ref]; ok {
+		if !write {
+			return kube.Applied{Result: kube.Current}, nil
+		}
+		live.Status = status
+	}
 	w.Log = append(w.Log, "pod "+snap.Ref.String()+" "+o.Key())
 	return kube.Applied{Result: kube.Patched, Phase: status.Phase}, nil
 }

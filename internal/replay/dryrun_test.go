@@ -204,7 +204,7 @@ type recordingLedger struct {
 func (l recordingLedger) RecordExit(ctx context.Context, id string, pod model.PodRef, exit model.Exit) (ledger.Record, error) {
 	rec, err := l.Ledger.RecordExit(ctx, id, pod, exit)
 	if err == nil {
-		l.d.add(fmt.Sprintf("ledger exit/%d", rec.Exit.RestartCount))
+		l.d.add(fmt.Sprintf("ledger exit/%d", rec.Latest().RestartCount))
 	}
 	return rec, err
 }

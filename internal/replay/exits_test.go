@@ -135,7 +135,7 @@ func TestReplicas30(t *testing.T) {
 		if n := terminateCalls(id); n != 1 {
 			t.Fatalf("instance %s terminated %d times", id, n)
 		}
-		if rec := record(t, id); rec.PodSynced != "exit/0" || rec.Terminated.IsZero() || rec.Exit.ExitCode != 0 {
+		if rec := record(t, id); rec.PodSynced != "exit/0" || rec.Terminated.IsZero() || rec.Latest().ExitCode != 0 {
 			t.Fatalf("ledger %+v", rec)
 		}
 	}
@@ -340,7 +340,7 @@ func TestKubernetesDown(t *testing.T) {
 			break
 		}
 	}
-	if rec.Exit == nil || rec.PodSynced != "" || rec.Terminated.IsZero() || instanceState(t, id) != ec2server.Terminated {
+	if rec.Latest() == nil || rec.PodSynced != "" || rec.Terminated.IsZero() || instanceState(t, id) != ec2server.Terminated {
 		t.Fatalf("ledger with the apiserver down: %+v", rec)
 	}
 	if err := lab.Stack.StartAPIServer(t.Context()); err != nil {

@@ -96,10 +96,13 @@ func TestForgedLinesAheadOfTheRealOne(t *testing.T) {
 func putUnverified(t *testing.T, id string, pod model.PodRef) {
 	t.Helper()
 	now := time.Now().UTC()
-	item, err := attributevalue.MarshalMap(ledger.Record{InstanceID: id, Pod: pod, Unverified: true, UpdatedAt: now,
-		Exit: &model.Exit{Container: "main", ExitCode: 0, FinishedAt: now, ReceivedAt: now}, Version: 1,
+	item, err := attributevalue.MarshalMap(ledger.Record{InstanceID: id, Pod: pod, Unverified: true, UpdatedAt: now, Version: 1,
 		ExpiresAt: now.Add(ledger.Retention).Unix()})
 	if err != nil {
+		t.Fatal(err)
+	}
+	// Those versions kept one exit per instance, in the attribute "exit".
+	if item["exit"], err = attributevalue.Marshal(model.Exit{Container: "main", ExitCode: 0, FinishedAt: now, ReceivedAt: now}); err != nil {
 		t.Fatal(err)
 	}
 	db := dynamodb.NewFromConfig(lab.Stack.AWSConfig(t.Context()))

@@ -87,7 +87,7 @@ func (l *Lab) Observe(ctx context.Context, w *World) error {
 		}
 		if ok {
 			v.Record = &rec
-			v.WaitUntil = reaper.Decide(rec, nil, time.Now(), policy).WaitUntil
+			v.WaitUntil = reaper.Decide(rec, nil, nil, time.Now(), policy).WaitUntil
 		}
 	}
 	return nil

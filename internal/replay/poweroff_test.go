@@ -126,7 +126,7 @@ func TestResentTerminalLineMovesNoGrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := recordOf(t, hosts, id)
-	if first.Exit == nil {
+	if first.Latest() == nil {
 		t.Fatalf("no exit recorded: %+v", first)
 	}
 	wantEnded(t, getPod(t, "final-exit", "resends"), corev1.PodSucceeded, 0, "Completed")
@@ -164,8 +164,8 @@ func TestResentTerminalLineMovesNoGrace(t *testing.T) {
 	if n := terminateCalls(id); n != 1 {
 		t.Fatalf("the instance was named in %d TerminateInstances", n)
 	}
-	if got := recordOf(t, hosts, id); got.Exit == nil || *got.Exit != *first.Exit {
-		t.Fatalf("recorded exit %+v, want the first %+v", *got.Exit, *first.Exit)
+	if got := recordOf(t, hosts, id); got.Latest() == nil || *got.Latest() != *first.Latest() {
+		t.Fatalf("recorded exit %+v, want the first %+v", *got.Latest(), *first.Latest())
 	}
 	wantEnded(t, getPod(t, "final-exit", "resends"), corev1.PodSucceeded, 0, "Completed")
 	_, counted, _ := metric(emfLines(t, hosts.Reconcilers[0].Logs()), metrics.FunctionReconciler, metrics.LinesRejected,

@@ -353,8 +353,8 @@ func (h *propHarness) endState(t *testing.T, id string, pod *corev1.Pod, start t
 	}
 	if ok {
 		fmt.Fprintf(&b, "; ledger synced=%s terminated=%v last=%s", rec.PodSynced, !rec.Terminated.IsZero(), rec.LastState)
-		if rec.Exit != nil {
-			fmt.Fprintf(&b, " exit=%d/rc%d", rec.Exit.ExitCode, rec.Exit.RestartCount)
+		if rec.Latest() != nil {
+			fmt.Fprintf(&b, " exit=%d/rc%d", rec.Latest().ExitCode, rec.Latest().RestartCount)
 		}
 		if rec.Gone != nil {
 			fmt.Fprintf(&b, " gone=%s@+%s", rec.Gone.State, rec.Gone.At.Sub(start))

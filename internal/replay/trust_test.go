@@ -150,7 +150,7 @@ func TestTagLookupFails(t *testing.T) {
 		}
 		// The sweep adopted the running instance: its record holds the
 		// tags' Pod, and nothing of the forged line.
-		if rec := record(t, writer); rec.Exit != nil || rec.Pod.UID != string(sc.Pods["unverified-writer"].UID) || sum.Adopted < 1 {
+		if rec := record(t, writer); rec.Latest() != nil || rec.Pod.UID != string(sc.Pods["unverified-writer"].UID) || sum.Adopted < 1 {
 			t.Fatalf("record after the sweep: %+v (sweep %+v)", rec, sum)
 		}
 	})
@@ -242,7 +242,7 @@ func TestInputLimits(t *testing.T) {
 		t.Fatalf("summary %+v, want 1 recorded and rejected %v", sum, want)
 	}
 	id := sc.Instances["job-limits"]
-	if rec := record(t, id); rec.Exit == nil || rec.Exit.RestartCount != 1 {
+	if rec := record(t, id); rec.Latest() == nil || rec.Latest().RestartCount != 1 {
 		t.Fatalf("ledger %+v", rec)
 	}
 	wantEnded(t, getPod(t, "jobs", "job-limits"), corev1.PodSucceeded, 0, "Completed")

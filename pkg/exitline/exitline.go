@@ -56,6 +56,12 @@ type Line struct {
 	WillRestart bool `json:"willRestart,omitempty"`
 	// BackoffSeconds is how long the supervisor waits before that restart.
 	BackoffSeconds int `json:"backoffSeconds,omitempty"`
+	// Message is the container's termination message (model.Exit.Message),
+	// at most MaxMessageBytes.
+	Message string `json:"message,omitempty"`
+	// OthersRunning says other containers of the Pod still run or are
+	// still to start after this run (model.Exit.OthersRunning).
+	OthersRunning bool `json:"othersRunning,omitempty"`
 	// Token is the launch's exit token (model.ValidExitToken), from the
 	// host's configuration: it proves the line comes from the host of an
 	// instance whose exit-token tag is its hash. A secret: it goes no
@@ -96,6 +102,10 @@ const (
 	MaxContainerIDBytes = 128
 	// MaxSignalBytes bounds signal.
 	MaxSignalBytes = 16
+	// MaxMessageBytes bounds a container's termination message: the
+	// kubelet's bound for one container (podstatus.MaxPodMessageBytes
+	// bounds a Pod's).
+	MaxMessageBytes = 4 << 10
 	// MaxClockSkew is how far in the future finishedAt may lie: the host's
 	// clock may run a little ahead, not hours.
 	MaxClockSkew = 5 * time.Minute
@@ -119,6 +129,8 @@ func (l Line) Claim() (model.PodRef, model.Exit) {
 			RuntimeRestarted: l.RuntimeRestarted,
 			WillRestart:      l.WillRestart,
 			BackoffSeconds:   l.BackoffSeconds,
+			Message:          l.Message,
+			OthersRunning:    l.OthersRunning,
 		}
 }
 
@@ -202,6 +214,7 @@ func ValidateClaim(pod model.PodRef, exit model.Exit) error {
 		pattern     *regexp.Regexp
 	}{
 		{"error", exit.Error, MaxErrorBytes, nil},
+		{"message", exit.Message, MaxMessageBytes, nil},
 		{"containerId", exit.ContainerID, MaxContainerIDBytes, containerIDPattern},
 		{"signal", exit.Signal, MaxSignalBytes, signalPattern},
 	} {
@@ -241,8 +254,8 @@ type Rejection struct {
 type Batch struct {
 	InstanceID string
 	// Lines are the valid lines, ordered by RestartCount with duplicates
-	// (redelivered or repeated by the agent: the same Pod, restart count
-	// and token) removed.
+	// (redelivered or repeated by the agent: the same Pod, container,
+	// restart count and token) removed.
 	Lines    []Line
 	Rejected []Rejection
 	// Control is true for the CONTROL_MESSAGE CloudWatch Logs sends to test
@@ -257,9 +270,9 @@ var ErrBadStream = errors.New("log stream is not an EC2 instance id")
 // FromLogsEvent decodes a CloudWatch Logs subscription event received at
 // now. A line whose instanceId differs from the log stream is rejected: the
 // stream name is set by the CloudWatch agent from the instance's own
-// metadata, the body is not. A batch keeps one line per Pod, restart count
-// and token: a line naming another Pod, whatever its count, or carrying
-// another token, never hides one.
+// metadata, the body is not. A batch keeps one line per Pod, container,
+// restart count and token: a line naming another Pod or container,
+// whatever its count, or carrying another token, never hides one.
 func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) {
 	data, err := ev.AWSLogs.Parse()
 	if err != nil {
@@ -273,13 +286,15 @@ func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) 
 	if !model.ValidInstanceID(data.LogStream) {
 		return b, fmt.Errorf("%w: %q", ErrBadStream, data.LogStream)
 	}
-	// A line is one per Pod, restart count and token: a line without the
-	// instance's token (written by another host into this stream) cannot
-	// hide the real one, whatever it claims.
+	// A line is one per Pod, container, restart count and token: a line
+	// without the instance's token (written by another host into this
+	// stream) cannot hide the real one, whatever it claims, nor one
+	// container's run another's.
 	type restart struct {
-		uid   string
-		count int32
-		token string
+		uid       string
+		container string
+		count     int32
+		token     string
 	}
 	seen := make(map[restart]bool, len(data.LogEvents))
 	for _, e := range data.LogEvents {
@@ -298,7 +313,7 @@ func FromLogsEvent(ev events.CloudwatchLogsEvent, now time.Time) (Batch, error) 
 			b.Rejected = append(b.Rejected, Rejection{EventID: e.ID, Reason: reason, Err: err})
 			continue
 		}
-		key := restart{l.PodUID, l.RestartCount, l.Token}
+		key := restart{l.PodUID, l.Container, l.RestartCount, l.Token}
 		if seen[key] {
 			continue
 		}

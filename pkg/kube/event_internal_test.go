@@ -15,8 +15,8 @@ import (
 // where the name is cut, the Event's name is a valid name, the same for
 // the same Pod and outcome, and another for another outcome.
 func TestEventNameValid(t *testing.T) {
-	exit0 := model.Outcome{Exit: &model.Exit{Container: "main"}}
-	exit1 := model.Outcome{Exit: &model.Exit{Container: "main", RestartCount: 1}}
+	exit0 := model.Outcome{Exits: []model.Exit{{Container: "main"}}}
+	exit1 := model.Outcome{Exits: []model.Exit{{Container: "main", RestartCount: 1}}}
 	for n := 1; n <= 253; n++ {
 		for _, sep := range []string{"-", "."} {
 			// A separator every other character, so that some cut falls

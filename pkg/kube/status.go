@@ -84,6 +84,14 @@ type Snapshot struct {
 	pod    *corev1.Pod // set when Current
 }
 
+// Pod is the Pod as read when the snapshot is Current (nil otherwise): its
+// spec says what its containers are. The caller must not modify it.
+func (s Snapshot) Pod() *corev1.Pod { return s.pod }
+
+// SnapshotOf is what a read that found pod (nil: none) says about ref,
+// for a Pods implementation of Reaper's other than StatusWriter's.
+func SnapshotOf(ref model.PodRef, pod *corev1.Pod) Snapshot { return snapshot(ref, pod) }
+
 // snapshot is what a read that found pod (nil: no Pod of that name) says
 // about ref.
 func snapshot(ref model.PodRef, pod *corev1.Pod) Snapshot {

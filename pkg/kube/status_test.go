@@ -202,7 +202,7 @@ func exit() model.Outcome {
 	now := time.Now().Truncate(time.Second)
 	return model.Outcome{
 		InstanceID: "i-0123456789abcdef0",
-		Exit:       &model.Exit{Container: "main", ExitCode: 0, StartedAt: now.Add(-time.Hour), FinishedAt: now, ReceivedAt: now},
+		Exits:      []model.Exit{{Container: "main", ExitCode: 0, StartedAt: now.Add(-time.Hour), FinishedAt: now, ReceivedAt: now}},
 	}
 }
 

@@ -12,9 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,8 +72,12 @@ const Retention = 30 * 24 * time.Hour
 type Record struct {
 	InstanceID string       `dynamodbav:"instanceId" json:"instanceId,omitempty"`
 	Pod        model.PodRef `dynamodbav:"pod" json:"pod,omitempty"`
-	// Exit is the latest exit recorded (highest restart count).
-	Exit *model.Exit `dynamodbav:"exit,omitempty" json:"exit,omitempty"`
+	// Exits is the latest exit recorded of each container of the Pod
+	// (highest restart count; a container's first terminal exit is
+	// final), by container name. Each is an attribute of its own
+	// (exitAttribute), so that one container's write never reads or
+	// rewrites another's.
+	Exits map[string]model.Exit `dynamodbav:"-" json:"exits,omitempty"`
 	// Gone is the newest state seen in which the instance no longer runs its
 	// Pod (stopping, stopped, shutting-down, terminated). It stays set.
 	Gone *model.Gone `dynamodbav:"gone,omitempty" json:"gone,omitempty"`
@@ -87,6 +93,10 @@ type Record struct {
 	// PodSynced is the outcome the Pod's status already carries (see
 	// model.Outcome.Key); empty until the first status write.
 	PodSynced string `dynamodbav:"podSynced,omitempty" json:"podSynced,omitempty"`
+	// PodEnded is whether the Pod had ended (its phase terminal, or the
+	// Pod gone) once PodSynced was written, as decided then; nil on a
+	// record no version of this field wrote.
+	PodEnded *bool `dynamodbav:"podEnded,omitempty" json:"podEnded,omitempty"`
 	// PodSyncedAt is when PodSynced was last written: a host that powers
 	// off once its Pod is written is given its power-off grace from then.
 	PodSyncedAt time.Time `dynamodbav:"podSyncedAt,omitempty" json:"podSyncedAt,omitempty"`
@@ -109,6 +119,79 @@ type Record struct {
 	// Pending never hides work recorded in between.
 	Version   int64 `dynamodbav:"version" json:"version"`
 	ExpiresAt int64 `dynamodbav:"expiresAt" json:"expiresAt,omitempty"`
+}
+
+// MaxContainers is how many containers' exits a record keeps: a record is
+// one DynamoDB item (at most 400 KB), and an exit with its termination
+// message and error takes up to about 8.5 KB. A claim for a further
+// container is refused (model.ReasonTooManyContainers); its Pod ends when
+// its instance does.
+const MaxContainers = 32
+
+// exitAttributePrefix starts the name of the attribute holding one
+// container's latest exit: "exit:<container>". A container's name is a
+// DNS label, so it never holds the '.' of a document path.
+const exitAttributePrefix = "exit:"
+
+// legacyExitAttribute is the one exit older versions recorded per
+// instance. It is read, and its write rule applied, as its container's
+// exit while the record has none of the new form for that container, so
+// that an upgrade loses no recorded exit.
+const legacyExitAttribute = "exit"
+
+func exitAttribute(container string) string { return exitAttributePrefix + container }
+
+// Runs are the record's exits, in container name order.
+func (r Record) Runs() []model.Exit {
+	runs := make([]model.Exit, 0, len(r.Exits))
+	for _, name := range slices.Sorted(maps.Keys(r.Exits)) {
+		runs = append(runs, r.Exits[name])
+	}
+	return runs
+}
+
+// Latest is the exit Reaper received last, of any container (nil: none).
+func (r Record) Latest() *model.Exit { return model.Outcome{Exits: r.Runs()}.Latest() }
+
+// ExitOf is the latest exit recorded of the container called name.
+func (r Record) ExitOf(name string) (model.Exit, bool) {
+	e, ok := r.Exits[name]
+	return e, ok
+}
+
+// decode reads a record from a DynamoDB item.
+func decode(item map[string]types.AttributeValue) (Record, error) {
+	var rec Record
+	if err := attributevalue.UnmarshalMap(item, &rec); err != nil {
+		return Record{}, err
+	}
+	for name, av := range item {
+		container, ok := strings.CutPrefix(name, exitAttributePrefix)
+		if !ok {
+			continue
+		}
+		var e model.Exit
+		if err := attributevalue.Unmarshal(av, &e); err != nil {
+			return Record{}, fmt.Errorf("%s: %w", name, err)
+		}
+		if rec.Exits == nil {
+			rec.Exits = map[string]model.Exit{}
+		}
+		rec.Exits[container] = e
+	}
+	if av, ok := item[legacyExitAttribute]; ok {
+		var e model.Exit
+		if err := attributevalue.Unmarshal(av, &e); err != nil {
+			return Record{}, fmt.Errorf("%s: %w", legacyExitAttribute, err)
+		}
+		if _, newer := rec.Exits[e.Container]; !newer {
+			if rec.Exits == nil {
+				rec.Exits = map[string]model.Exit{}
+			}
+			rec.Exits[e.Container] = e
+		}
+	}
+	return rec, nil
 }
 
 // GoneSince is when the exit-wait window of a gone instance starts: the
@@ -153,18 +236,20 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 	if out.Item == nil {
 		return Record{}, false, nil
 	}
-	if err := attributevalue.UnmarshalMap(out.Item, &rec); err != nil {
+	rec, err = decode(out.Item)
+	if err != nil {
 		return Record{}, false, fmt.Errorf("ledger get %s: decode: %w", instanceID, err)
 	}
 	return rec, true, nil
 }
 
 // RecordExit stores a checked exit (its Pod agrees with the instance's
-// launch tags) unless the ledger already holds a later one (higher restart
-// count) or a terminal exit of the same Pod: the first terminal exit is
-// final, so a host cannot replace it (nor move its receipt, from which the
-// power-off grace runs) by sending lines again. It returns the record as
-// it stands afterwards.
+// launch tags) as its container's, unless the ledger already holds a later
+// one of that container (higher restart count) or a terminal one of the
+// same Pod: a container's first terminal exit is final, so a host cannot
+// replace it (nor move its receipt, from which the power-off grace runs)
+// by sending lines again. Other containers' exits are not touched. It
+// returns the record as it stands afterwards.
 //
 // An exit that older versions recorded unverified for another Pod is
 // replaced whatever its restart count: it came from a line the tags do not
@@ -173,14 +258,22 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit) (Record, error) {
 	now := t.now().UTC()
 	exit.ReceivedAt = now
+	attr := exitAttribute(exit.Container)
 	otherPod := expression.Name("pod.uid").NotEqual(expression.Value(pod.UID))
+	// laterThan: the exit recorded at path is not final and not later.
+	laterThan := func(path string) expression.ConditionBuilder {
+		return expression.And(expression.Name(path+".restartCount").LessThanEqual(expression.Value(exit.RestartCount)),
+			expression.Or(otherPod, expression.Name(path+".willRestart").Equal(expression.Value(true))))
+	}
+	legacy := expression.Name(legacyExitAttribute)
 	condition := expression.Or(
-		expression.Name("exit").AttributeNotExists(),
-		expression.And(expression.Name("exit.restartCount").LessThanEqual(expression.Value(exit.RestartCount)),
-			expression.Or(otherPod, expression.Name("exit.willRestart").Equal(expression.Value(true)))),
+		expression.And(expression.Name(attr).AttributeNotExists(),
+			expression.Or(legacy.AttributeNotExists(), expression.Name(legacyExitAttribute+".container").NotEqual(expression.Value(exit.Container)),
+				laterThan(legacyExitAttribute))),
+		laterThan(attr),
 		expression.And(expression.Name("unverified").AttributeExists(), otherPod))
 	update := stamped(now).
-		Set(expression.Name("exit"), expression.Value(exit)).
+		Set(expression.Name(attr), expression.Value(exit)).
 		Set(expression.Name("pod"), expression.Value(pod)).
 		Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID))).
 		Remove(expression.Name("unverified")).
@@ -282,6 +375,9 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.Po
 type Done struct {
 	// PodSynced is the outcome key the Pod now carries ("" = unchanged).
 	PodSynced string
+	// PodEnded, with PodSynced, says whether the Pod has ended with it
+	// (Record.PodEnded).
+	PodEnded bool
 	// Terminated is set when the instance was terminated (or found gone).
 	Terminated bool
 	// Refused is EC2's error code when it refused to terminate the
@@ -313,6 +409,7 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	update := stamped(now)
 	if d.PodSynced != "" {
 		update = update.Set(expression.Name("podSynced"), expression.Value(d.PodSynced)).
+			Set(expression.Name("podEnded"), expression.Value(d.PodEnded)).
 			Set(expression.Name("podSyncedAt"), expression.Value(timeAV(now)))
 	}
 	if d.Terminated {
@@ -345,7 +442,7 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
 		// Work was recorded since the read: mark the steps, stay pending.
-		return t.MarkDone(ctx, instanceID, Done{PodSynced: d.PodSynced, Terminated: d.Terminated, Refused: d.Refused, Pod: d.Pod})
+		return t.MarkDone(ctx, instanceID, Done{PodSynced: d.PodSynced, PodEnded: d.PodEnded, Terminated: d.Terminated, Refused: d.Refused, Pod: d.Pod})
 	}
 	if err != nil {
 		return fmt.Errorf("ledger mark done %s: %w", instanceID, err)
@@ -392,8 +489,8 @@ func (t *Table) Pending(ctx context.Context, fn func(Record) error) error {
 			if ctx.Err() != nil {
 				break
 			}
-			var rec Record
-			if err := attributevalue.UnmarshalMap(item, &rec); err != nil {
+			rec, err := decode(item)
+			if err != nil {
 				cancel(fmt.Errorf("ledger pending: decode: %w", err))
 				break
 			}
@@ -492,8 +589,8 @@ func (t *Table) getChunk(ctx context.Context, chunk []string, found map[string]R
 			return fmt.Errorf("ledger get many: %w", err)
 		}
 		for _, item := range res.Responses[t.name] {
-			var rec Record
-			if err := attributevalue.UnmarshalMap(item, &rec); err != nil {
+			rec, err := decode(item)
+			if err != nil {
 				return fmt.Errorf("ledger get many: decode: %w", err)
 			}
 			found[rec.InstanceID] = rec
@@ -552,8 +649,8 @@ func (t *Table) update(ctx context.Context, instanceID string, builder expressio
 	if err != nil {
 		return Record{}, err
 	}
-	var rec Record
-	if err := attributevalue.UnmarshalMap(out.Attributes, &rec); err != nil {
+	rec, err := decode(out.Attributes)
+	if err != nil {
 		return Record{}, fmt.Errorf("decode: %w", err)
 	}
 	return rec, nil

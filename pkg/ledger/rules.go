@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"maps"
 	"time"
 
 	"github.com/reaper-k8s/reaper/pkg/model"
@@ -14,18 +15,24 @@ import (
 // them here. TestRulesMatchTable holds both forms to the same answers.
 
 // WithExit is rec after RecordExit(id, pod, exit) at now, and whether the
-// write applies (false: rec is returned as it was). A later exit wins,
-// unless the recorded one is a terminal exit of the same Pod (it is
-// final), and except over one an older version recorded unverified for
-// another Pod.
+// write applies (false: rec is returned as it was). A later exit of the
+// container wins, unless its recorded one is a terminal exit of the same
+// Pod (it is final), and except over one an older version recorded
+// unverified for another Pod. Other containers' exits stay.
 func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time.Time) (Record, bool) {
-	if rec.Exit != nil && !(rec.Unverified && rec.Pod.UID != pod.UID) &&
-		(rec.Exit.RestartCount > exit.RestartCount || FinalExit(rec, pod)) {
+	replaceUnverified := rec.Unverified && rec.Pod.UID != pod.UID
+	if prev, ok := rec.ExitOf(exit.Container); ok && !replaceUnverified &&
+		(prev.RestartCount > exit.RestartCount || FinalExit(rec, pod, exit.Container)) {
 		return rec, false
 	}
 	now = now.UTC()
 	exit.ReceivedAt = now
-	rec.InstanceID, rec.Pod, rec.Exit = id, pod, &exit
+	exits := maps.Clone(rec.Exits)
+	if exits == nil {
+		exits = map[string]model.Exit{}
+	}
+	exits[exit.Container] = exit
+	rec.InstanceID, rec.Pod, rec.Exits = id, pod, exits
 	rec.Unverified = false
 	rec.Pending = pendingValue(id)
 	touch(&rec, now)
@@ -33,10 +40,11 @@ func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time
 	return rec, true
 }
 
-// FinalExit says whether rec holds a terminal exit of pod: nothing
-// replaces it.
-func FinalExit(rec Record, pod model.PodRef) bool {
-	return rec.Exit != nil && rec.Exit.Terminal() && rec.Pod.UID == pod.UID
+// FinalExit says whether rec holds a terminal exit of pod's container
+// called container: nothing replaces it.
+func FinalExit(rec Record, pod model.PodRef, container string) bool {
+	e, ok := rec.ExitOf(container)
+	return ok && e.Terminal() && rec.Pod.UID == pod.UID
 }
 
 // WithState is rec after RecordState(id, pod, sc) at now, and whether the
@@ -70,7 +78,7 @@ func WithDone(rec Record, id string, d Done, now time.Time) Record {
 	now = now.UTC()
 	rec.InstanceID = id
 	if d.PodSynced != "" {
-		rec.PodSynced, rec.PodSyncedAt = d.PodSynced, now
+		rec.PodSynced, rec.PodSyncedAt, rec.PodEnded = d.PodSynced, now, &d.PodEnded
 	}
 	if d.Terminated && rec.Terminated.IsZero() {
 		rec.Terminated = now

@@ -53,10 +53,12 @@ func TestRulesMatchTable(t *testing.T) {
 			switch rng.IntN(3) {
 			case 0:
 				pod := pods[rng.IntN(len(pods))]
-				exit := model.Exit{Container: "main", ExitCode: rng.IntN(2), RestartCount: int32(rng.IntN(3)), WillRestart: rng.IntN(3) == 0,
+				// Two containers: each one's exits follow the rules on
+				// their own, and never touch the other's.
+				exit := model.Exit{Container: []string{"main", "main", "side"}[rng.IntN(3)], ExitCode: rng.IntN(2), RestartCount: int32(rng.IntN(3)), WillRestart: rng.IntN(3) == 0,
 					FinishedAt: clock.Add(-time.Minute)}
-				op = fmt.Sprintf("exit %s rc=%d", pod.UID[len(pod.UID)-1:], exit.RestartCount)
-				if want.Unverified && want.Exit != nil && want.Exit.RestartCount > exit.RestartCount && want.Pod.UID != pod.UID {
+				op = fmt.Sprintf("exit %s %s rc=%d", pod.UID[len(pod.UID)-1:], exit.Container, exit.RestartCount)
+				if prev, ok := want.ExitOf(exit.Container); want.Unverified && ok && prev.RestartCount > exit.RestartCount && want.Pod.UID != pod.UID {
 					op += " over a later unverified exit"
 				}
 				got, werr = table.RecordExit(ctx, id, pod, exit)
@@ -151,8 +153,8 @@ func TestCheckedExitReplacesUnverified(t *testing.T) {
 				if wantUnverified := tc.unverified && !tc.replaced; rec.Pod != tc.wantPod || rec.Unverified != wantUnverified {
 					t.Errorf("%s: pod %s, unverified %v; want pod %s, unverified %v", form, rec.Pod.UID, rec.Unverified, tc.wantPod.UID, wantUnverified)
 				}
-				if wantRC := map[bool]int32{true: 0, false: 3}[tc.replaced]; rec.Exit == nil || rec.Exit.RestartCount != wantRC {
-					t.Errorf("%s: exit %+v, want restart count %d", form, rec.Exit, wantRC)
+				if wantRC := map[bool]int32{true: 0, false: 3}[tc.replaced]; rec.Exits["main"].RestartCount != wantRC || len(rec.Exits) != 1 {
+					t.Errorf("%s: exits %+v, want main's restart count %d", form, rec.Exits, wantRC)
 				}
 			}
 			if applied != tc.replaced {

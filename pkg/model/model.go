@@ -9,6 +9,7 @@ package model
 import (
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -36,12 +37,24 @@ type Exit struct {
 	RuntimeRestarted bool      `dynamodbav:"runtimeRestarted,omitempty" json:"runtimeRestarted,omitempty"`
 	WillRestart      bool      `dynamodbav:"willRestart,omitempty" json:"willRestart,omitempty"`
 	BackoffSeconds   int       `dynamodbav:"backoffSeconds,omitempty" json:"backoffSeconds,omitempty"`
+	// Message is the container's termination message, as the host read it
+	// (its terminationMessagePath, or the tail of its log under
+	// FallbackToLogsOnError): the workload's own text, shown in the
+	// container's status and never read for a decision.
+	Message string `dynamodbav:"message,omitempty" json:"message,omitempty"`
+	// OthersRunning is the host's word that other containers of the Pod
+	// still run, or are still to start, after this run. Reaper decides
+	// the Pod's end from the Pod's spec; it falls back on this only when
+	// the spec cannot be read (podstatus.HostSaysEnded). A wrapper of one
+	// container never sets it.
+	OthersRunning bool `dynamodbav:"othersRunning,omitempty" json:"othersRunning,omitempty"`
 	// ReceivedAt is when Reaper recorded the line.
 	ReceivedAt time.Time `dynamodbav:"receivedAt" json:"receivedAt,omitempty"`
 }
 
-// Terminal reports whether this exit ends the Pod: the host supervisor is
-// not going to restart the container.
+// Terminal reports whether this exit ends its container for good: the
+// host supervisor is not going to restart it. Whether it ends the Pod
+// depends on the Pod's other containers (podstatus.Phase).
 func (e Exit) Terminal() bool { return !e.WillRestart }
 
 // Gone is how an instance went away when it did so without (or before) an
@@ -51,30 +64,78 @@ type Gone struct {
 	At    time.Time `dynamodbav:"at" json:"at,omitempty"`
 }
 
-// Outcome is what Reaper learned about a Pod's run: a container exit, or the
-// instance gone with no exit line (Lost).
+// Outcome is what Reaper learned about a Pod's run: the latest exit of
+// each container that reported one, and whether the instance went away
+// with containers still unaccounted for (Lost), or the Pod's sidecars
+// outlived its termination grace (SidecarsLost).
 type Outcome struct {
 	InstanceID string
-	Exit       *Exit
-	Lost       *Gone
+	// Exits are the latest exit of each container that reported one, one
+	// per container, in container name order.
+	Exits []Exit
+	// Lost is set when the instance went away and the exit-wait window
+	// passed: a container it ran with no terminal exit is lost.
+	Lost *Gone
 	// LostAfter is the exit-wait window that expired, for the message.
 	LostAfter time.Duration
+	// SidecarsLost says every regular container ended for good a
+	// termination grace period ago: a sidecar with no terminal exit by
+	// then is lost, as the kubelet would have killed it.
+	SidecarsLost bool
 }
 
 // OutcomeLost is the key of a Lost outcome.
 const OutcomeLost = "lost"
 
 // Key identifies an outcome in the ledger's PodSynced field, so a step that
-// already wrote it is not repeated: "exit/<restart count>" or OutcomeLost.
+// already wrote it is not repeated: "exit/<restart count>" for one
+// container's exit, "<container>=exit/<restart count>,…" for several,
+// "+sidecars-lost" after it when the sidecars are taken as lost, or
+// OutcomeLost.
 func (o Outcome) Key() string {
-	if o.Exit != nil {
-		return fmt.Sprintf("exit/%d", o.Exit.RestartCount)
+	if o.Lost != nil {
+		return OutcomeLost
 	}
-	return OutcomeLost
+	var key string
+	if len(o.Exits) == 1 {
+		key = fmt.Sprintf("exit/%d", o.Exits[0].RestartCount)
+	} else {
+		parts := make([]string, len(o.Exits))
+		for i, e := range o.Exits {
+			parts[i] = fmt.Sprintf("%s=exit/%d", e.Container, e.RestartCount)
+		}
+		key = strings.Join(parts, ",")
+	}
+	if o.SidecarsLost {
+		key += "+sidecars-lost"
+	}
+	return key
 }
 
-// Terminal reports whether the outcome ends the Pod.
-func (o Outcome) Terminal() bool { return o.Exit == nil || o.Exit.Terminal() }
+// Latest is the exit Reaper received last (nil: none), the one an Event
+// tells of.
+func (o Outcome) Latest() *Exit {
+	var latest *Exit
+	for i := range o.Exits {
+		e := &o.Exits[i]
+		if latest == nil || e.ReceivedAt.After(latest.ReceivedAt) ||
+			(e.ReceivedAt.Equal(latest.ReceivedAt) && e.FinishedAt.After(latest.FinishedAt)) {
+			latest = e
+		}
+	}
+	return latest
+}
+
+// ExitOf is the exit of the container called name (nil: it reported
+// none).
+func (o Outcome) ExitOf(name string) *Exit {
+	for i := range o.Exits {
+		if o.Exits[i].Container == name {
+			return &o.Exits[i]
+		}
+	}
+	return nil
+}
 
 var (
 	instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)

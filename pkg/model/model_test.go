@@ -38,14 +38,33 @@ func TestGoneAndEnding(t *testing.T) {
 }
 
 func TestOutcomeKeys(t *testing.T) {
-	if k := (Outcome{Exit: &Exit{RestartCount: 3}}).Key(); k != "exit/3" {
+	if k := (Outcome{Exits: []Exit{{Container: "main", RestartCount: 3}}}).Key(); k != "exit/3" {
 		t.Errorf("exit key %q", k)
 	}
-	if k := (Outcome{Lost: &Gone{}}).Key(); k != OutcomeLost {
+	if k := (Outcome{Lost: &Gone{}, Exits: []Exit{{Container: "main"}}}).Key(); k != OutcomeLost {
 		t.Errorf("lost key %q", k)
 	}
-	if (Outcome{Exit: &Exit{WillRestart: true}}).Terminal() || !(Outcome{Lost: &Gone{}}).Terminal() {
-		t.Error("Terminal: a restart ends nothing, a lost instance ends the Pod")
+	two := Outcome{Exits: []Exit{{Container: "a", RestartCount: 1}, {Container: "b"}}}
+	if k := two.Key(); k != "a=exit/1,b=exit/0" {
+		t.Errorf("two containers' key %q", k)
+	}
+	two.SidecarsLost = true
+	if k := two.Key(); k != "a=exit/1,b=exit/0+sidecars-lost" {
+		t.Errorf("sidecars lost key %q", k)
+	}
+	// Every state a Pod's containers can report has its own key, so a
+	// write already made is never taken for another.
+	seen := map[string]Outcome{}
+	for _, o := range []Outcome{
+		{Exits: []Exit{{Container: "a"}}}, {Exits: []Exit{{Container: "a", RestartCount: 1}}},
+		{Exits: []Exit{{Container: "a"}, {Container: "b"}}}, {Exits: []Exit{{Container: "a", RestartCount: 1}, {Container: "b"}}},
+		{Exits: []Exit{{Container: "a"}, {Container: "b", RestartCount: 1}}}, {Exits: []Exit{{Container: "a"}}, SidecarsLost: true},
+		{Lost: &Gone{}},
+	} {
+		if prev, dup := seen[o.Key()]; dup {
+			t.Errorf("%+v and %+v share the key %q", prev, o, o.Key())
+		}
+		seen[o.Key()] = o
 	}
 }
 

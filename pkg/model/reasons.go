@@ -43,6 +43,13 @@ const (
 	// not hash to it.
 	ReasonTokenMismatch = "token-mismatch"
 
+	// ReasonUnknownContainer: the claim names a container its Pod's spec
+	// does not have (a wrapper configured with the wrong name).
+	ReasonUnknownContainer = "unknown-container"
+	// ReasonTooManyContainers: the claim names a further container of a
+	// Pod whose record keeps the most it can (ledger.MaxContainers).
+	ReasonTooManyContainers = "too-many-containers"
+
 	// ReasonNotConfirmed: a state change claiming the instance gone while
 	// EC2 kept describing it running.
 	ReasonNotConfirmed = "not-confirmed"

@@ -32,7 +32,7 @@ func exit(code int, mutate ...func(*model.Exit)) model.Outcome {
 	for _, m := range mutate {
 		m(e)
 	}
-	return model.Outcome{InstanceID: "i-0123456789abcdef0", Exit: e}
+	return model.Outcome{InstanceID: "i-0123456789abcdef0", Exits: []model.Exit{*e}}
 }
 
 // TestTruthTable walks the rows of the status truth table in the design notes.
@@ -115,20 +115,37 @@ func countStates(s corev1.ContainerState) int {
 }
 
 func TestBuildKeepsWhatItDoesNotOwn(t *testing.T) {
-	s, ok := Build(runningPod("main", "sidecar"), exit(0), now)
+	pod := runningPod("main", "shipper")
+	s, ok := Build(pod, exit(0), now)
 	if !ok {
 		t.Fatal("no write")
 	}
-	main, side := s.ContainerStatuses[0], s.ContainerStatuses[1]
+	main, shipper := s.ContainerStatuses[0], s.ContainerStatuses[1]
 	if main.ImageID != "sha256:main" || main.ContainerID != "containerd://main" || main.State.Terminated.ContainerID != "containerd://main" {
 		t.Fatalf("image/container ids not carried: %+v", main)
 	}
-	// The sidecar's end was not seen: the kubelet's answer for that.
-	if side.State.Terminated == nil || side.State.Terminated.Reason != ReasonStatusUnknown || side.ImageID != "sha256:sidecar" {
-		t.Fatalf("sidecar %+v", side)
+	// The other regular container still runs: its status is kept as it
+	// is, and the Pod with it.
+	if shipper.State.Running == nil || shipper.ImageID != "sha256:shipper" {
+		t.Fatalf("shipper %+v", shipper)
 	}
-	if s.Phase != corev1.PodFailed {
-		t.Fatalf("phase %s: a container that did not succeed fails the Pod", s.Phase)
+	if s.Phase != corev1.PodRunning {
+		t.Fatalf("phase %s: a container still runs", s.Phase)
+	}
+	// Its own end, with the first one's, ends the Pod: one failed.
+	pod.Status = s
+	second := exit(3)
+	second.Exits = append(second.Exits, model.Exit{Container: "shipper", ExitCode: 3, StartedAt: t0, FinishedAt: now})
+	second.Exits[0].ExitCode = 0
+	s, ok = Build(pod, second, now)
+	if !ok || s.Phase != corev1.PodFailed {
+		t.Fatalf("phase %s (write %v), want Failed", s.Phase, ok)
+	}
+	if c := s.ContainerStatuses[0].State.Terminated; c == nil || c.ExitCode != 0 {
+		t.Fatalf("main %+v", s.ContainerStatuses[0])
+	}
+	if c := s.ContainerStatuses[1].State.Terminated; c == nil || c.ExitCode != 3 || s.ContainerStatuses[1].ImageID != "sha256:shipper" {
+		t.Fatalf("shipper %+v", s.ContainerStatuses[1])
 	}
 }
 
@@ -184,5 +201,40 @@ func TestEvents(t *testing.T) {
 				t.Fatalf("event %s %q %s, want %s %q %s", reason, msg, kind, tc.reason, tc.msg, tc.kind)
 			}
 		})
+	}
+}
+
+// A regular container starts only once every regular init container
+// completed, so its exit proves them completed even when their own lines
+// never came: the Pod ends with the main container's truth, under every
+// policy, whether the instance is still there or gone.
+func TestInitCompletedByLaterStart(t *testing.T) {
+	for _, policy := range []corev1.RestartPolicy{corev1.RestartPolicyNever, corev1.RestartPolicyOnFailure, corev1.RestartPolicyAlways} {
+		for _, lost := range []bool{false, true} {
+			pod := runningPod("main")
+			pod.Spec.RestartPolicy = policy
+			pod.Spec.InitContainers = []corev1.Container{{Name: "setup", Image: "repo/setup:1"}}
+			pod.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "setup", Image: "repo/setup:1",
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(t0)}}}}
+			o := exit(0)
+			if lost {
+				o.Lost, o.LostAfter = &model.Gone{State: model.StateTerminated, At: now}, time.Minute
+			}
+			s, ok := Build(pod, o, now)
+			if !ok || s.Phase != corev1.PodSucceeded {
+				t.Fatalf("%s, lost %v: phase %s (write %v), want Succeeded", policy, lost, s.Phase, ok)
+			}
+			if term := s.InitContainerStatuses[0].State.Terminated; term == nil || term.ExitCode != 0 || term.Reason != ReasonCompleted {
+				t.Fatalf("%s, lost %v: setup %+v, want completed", policy, lost, s.InitContainerStatuses[0].State)
+			}
+			for _, c := range s.Conditions {
+				if c.Type == corev1.PodInitialized && c.Status != corev1.ConditionTrue {
+					t.Fatalf("%s, lost %v: Initialized %s", policy, lost, c.Status)
+				}
+				if c.Type == corev1.DisruptionTarget {
+					t.Fatalf("%s, lost %v: DisruptionTarget on a Pod that succeeded", policy, lost)
+				}
+			}
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
+	"github.com/reaper-k8s/reaper/pkg/podstatus"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
@@ -76,11 +77,17 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 				}
 				continue
 			}
-			if rec != nil && ledger.FinalExit(*rec, *it.Pod) {
+			if reason := b.containerCheck(e, rec, *it.Exit); reason != "" {
+				if err := b.rejectClaim(ctx, e, *it.Pod, reason); err != nil {
+					return err
+				}
+				continue
+			}
+			if rec != nil && ledger.FinalExit(*rec, *it.Pod, it.Exit.Container) {
 				// Nothing replaces it (the ledger refuses the write too):
 				// the same line again is a redelivery, anything else is
 				// counted.
-				if !sameExit(*rec.Exit, *it.Exit) {
+				if final, _ := rec.ExitOf(it.Exit.Container); !sameExit(final, *it.Exit) {
 					b.Metrics.By(metrics.Reason(model.ReasonAfterTerminal)).Count(metrics.LinesRejected, 1)
 					b.Log.LogAttrs(ctx, slog.LevelWarn, "exit after a terminal exit", slog.String("instance", e.id),
 						slog.String("pod", it.Pod.String()), slog.Int("restartCount", int(it.Exit.RestartCount)))
@@ -148,7 +155,7 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 			// Work the record has pending is still reconciled.
 			return sc.Gone() && (*rec).Pending != "", nil
 		}
-		if (*rec).Pending == "" && !(*rec).Unverified && Decide(next, e.ec2, b.Now(), b.Policy).Idle() {
+		if (*rec).Pending == "" && !(*rec).Unverified && Decide(next, e.ec2, e.livePod(), b.Now(), b.Policy).Idle() {
 			// One write keeps the record off the pending index, where
 			// setting and clearing it took two, and there is nothing to
 			// reconcile.
@@ -164,11 +171,40 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 }
 
 // endedByReaper says whether rec is settled by Reaper's own steps: its
-// terminal exit, checked when it was recorded, written to its Pod, and its
-// instance terminated.
+// Pod written ended by its container exits, checked when they were
+// recorded, and its instance terminated.
 func endedByReaper(rec ledger.Record) bool {
-	return rec.Pending == "" && !rec.Unverified && rec.Exit != nil && rec.Exit.Terminal() &&
-		rec.PodSynced == (model.Outcome{Exit: rec.Exit}).Key() && !rec.Terminated.IsZero()
+	return rec.Pending == "" && !rec.Unverified && len(rec.Exits) > 0 && rec.PodSynced != "" && rec.PodSynced != lostKey &&
+		rec.PodSynced == (model.Outcome{Exits: rec.Runs()}).Key() && podEndedAsWritten(rec) && !rec.Terminated.IsZero()
+}
+
+// podEndedAsWritten says whether rec's Pod ended with the outcome last
+// written to it; a record written before Reaper kept that goes by the
+// host's word.
+func podEndedAsWritten(rec ledger.Record) bool {
+	if rec.PodEnded != nil {
+		return *rec.PodEnded
+	}
+	return podstatus.HostSaysEnded(rec.Runs())
+}
+
+// containerCheck is why a believed exit claim names a container Reaper
+// does not take ("" takes it): one its Pod's spec, as read in this batch,
+// does not have (a host's wrapper configured with the wrong name must not
+// end the Pod), or one more than a record keeps (ledger.MaxContainers).
+// A Pod the batch could not read is not checked: its claim is still
+// recorded, never lost, and the decision ignores a container its spec
+// turns out not to have.
+func (b *batchRun) containerCheck(e *entry, rec *ledger.Record, exit model.Exit) string {
+	if pod := e.livePod(); pod != nil && podstatus.KindOf(&pod.Spec, exit.Container) == podstatus.KindNone {
+		return model.ReasonUnknownContainer
+	}
+	if rec != nil && len(rec.Exits) >= ledger.MaxContainers {
+		if _, known := rec.ExitOf(exit.Container); !known {
+			return model.ReasonTooManyContainers
+		}
+	}
+	return ""
 }
 
 // sameExit says whether two exits are the same line's, but for when Reaper

@@ -125,14 +125,15 @@ type entry struct {
 	orphan bool // an orphan message whose instance is still a candidate (mayBeOrphan)
 
 	// The steps.
-	snap    *kube.Snapshot // its Pod as read, for a Pod write or an orphan check
-	pod     kube.Applied
-	podErr  error
-	end     End // the End the terminate phase acted on (Plan.End or Plan.EndUnwritten)
-	term    instances.Termination
-	refusal string // EC2's code when it refused to terminate the instance
-	termErr error
-	markErr error
+	snap       *kube.Snapshot // its Pod as read, for a claim's check, a Pod write or an orphan check
+	podReadErr error          // why readPods could not read it
+	pod        kube.Applied
+	podErr     error
+	end        End // the End the terminate phase acted on (Plan.End or Plan.EndUnwritten)
+	term       instances.Termination
+	refusal    string // EC2's code when it refused to terminate the instance
+	termErr    error
+	markErr    error
 
 	// The batch's verdict: both nil is done; deferred is why the work
 	// goes back on the queue (for want of time or tokens); failed comes
@@ -179,13 +180,14 @@ type batchRun struct {
 // plain phases over one entry per instance:
 //
 //   - read: the ledger records, and EC2's description of every instance
-//     whose tags are still to be checked (one call per 200);
+//     whose tags are still to be checked (one call per 200); then the Pods
+//     that may be written, in LIST pages, for their specs;
 //   - apply: record what the messages report (state changes as EC2
 //     confirms them, exit claims as the tags back them), and believe the
 //     record once;
 //   - decide: one Plan per record (Decide), and which orphans stay
 //     candidates;
-//   - write Pods: read them in LIST pages, write each outcome;
+//   - write Pods: write each outcome (reading the Pods not read yet);
 //   - terminate and tag: one TerminateInstances per 1,000 ids for what the
 //     plans end now (beside it, the Pod-written tags);
 //   - settle: the ledger marks, then the queue's sends: deferred work with
@@ -208,6 +210,7 @@ func (r *Reaper) ReconcileBatch(ctx context.Context, byInstance map[string][]wor
 	workCtx, cancel := until(ctx, b.p.work)
 	defer cancel()
 	b.read(workCtx)
+	b.readPods(workCtx)
 	b.apply(workCtx)
 	b.decide()
 	b.writePods(workCtx)

@@ -6,11 +6,15 @@
 package reaper
 
 import (
+	"slices"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/model"
+	"github.com/reaper-k8s/reaper/pkg/podstatus"
 )
 
 // Policy holds the knobs that shape decisions.
@@ -57,6 +61,11 @@ type End struct {
 type Plan struct {
 	// Pod is the outcome the Pod must carry, nil when it needs no write.
 	Pod *model.Outcome
+	// PodEnds says the Pod has ended, or ends once Pod is written: every
+	// container that decides its phase has ended for good (podstatus), or
+	// its instance is gone and the exit-wait window passed. Only then is
+	// its instance terminated for its end (End).
+	PodEnds bool
 	// End is when the instance is terminated once the Pod step is done
 	// (the Pod written, or no write planned).
 	End End
@@ -88,25 +97,28 @@ func (p Plan) Idle() bool { return p.Pod == nil && !p.End.Now && p.WaitUntil.IsZ
 const RefusalBackoff = time.Hour
 
 // Decide returns the plan for an instance's record at time now, given the
-// instance as EC2 described it in this batch (nil: not described). Steps
-// the record marks done are never planned again. A power-off grace is
-// judged from when EC2 described the instance: a host may have powered off
-// since a lookup made earlier in a long batch, so the instance is looked at
+// instance as EC2 described it in this batch (nil: not described) and its
+// Pod as read in this batch (nil: not read, or no longer live). Steps the
+// record marks done are never planned again. A power-off grace is judged
+// from when EC2 described the instance: a host may have powered off since
+// a lookup made earlier in a long batch, so the instance is looked at
 // again when the grace ends instead of being terminated on old news.
-func Decide(rec ledger.Record, ec2 *instances.Instance, now time.Time, p Policy) Plan {
+func Decide(rec ledger.Record, ec2 *instances.Instance, pod *corev1.Pod, now time.Time, p Policy) Plan {
 	var plan Plan
-	if outcome, due := outcomeOf(rec, now, p); outcome != nil && outcome.Key() != rec.PodSynced && rec.PodSynced != lostKey {
-		plan.Pod, plan.DueSince, plan.Why = outcome, due, "pod "+outcome.Key()
+	v := viewPod(rec, pod, now, p)
+	plan.PodEnds = v.ended
+	if v.outcome != nil && v.outcome.Key() != rec.PodSynced && rec.PodSynced != lostKey {
+		plan.Pod, plan.DueSince, plan.Why = v.outcome, v.due, "pod "+v.outcome.Key()
 	}
-	if rec.Gone != nil && (rec.Exit == nil || !rec.Exit.Terminal()) && now.Before(rec.GoneSince().Add(p.ExitWait)) {
-		plan.WaitUntil, plan.Why = rec.GoneSince().Add(p.ExitWait), "exit-wait window open"
+	if !v.waitUntil.IsZero() {
+		plan.WaitUntil, plan.Why = v.waitUntil, v.waitWhy
 	}
 	if stillRunning(rec, ec2) {
 		plan.End, plan.EndUnwritten = End{Now: true}, End{Now: true}
 		plan.DueSince, plan.Why = rec.Terminated.Add(terminateTakes), "still running after its terminate"
 		return plan
 	}
-	if !rec.Terminated.IsZero() || !wantTerminated(rec, p) {
+	if !rec.Terminated.IsZero() || !wantTerminated(rec, v, p) {
 		return plan
 	}
 	seen := now
@@ -121,21 +133,123 @@ func Decide(rec ledger.Record, ec2 *instances.Instance, now time.Time, p Policy)
 		plan.WaitUntil, plan.Why = laterOf(plan.WaitUntil, r.At.Add(RefusalBackoff)), "terminate refused: "+r.Code
 		return plan
 	}
-	plan.EndUnwritten = endAfterGrace(graceEnd(rec, rec.PodSyncedAt, p), rec, seen, p)
+	plan.EndUnwritten = endAfterGrace(graceEnd(v, rec.PodSyncedAt, p), rec, v, seen, p)
 	plan.End = plan.EndUnwritten
 	if plan.Pod != nil && p.PodWrittenTag != "" {
 		// The host waits for the Pod-written tag: its grace runs from the
 		// write this batch makes.
-		plan.End = endAfterGrace(graceEnd(rec, now, p), rec, seen, p)
+		plan.End = endAfterGrace(graceEnd(v, now, p), rec, v, seen, p)
 	}
 	if !plan.End.At.IsZero() {
 		plan.WaitUntil = laterOf(plan.WaitUntil, plan.End.At)
 	}
-	plan.DueSince = laterOf(plan.DueSince, terminateDue(rec, p))
+	plan.DueSince = laterOf(plan.DueSince, terminateDue(rec, v, p))
 	return plan
 }
 
-var lostKey = model.Outcome{}.Key()
+// podView is what the record and the Pod's spec say of the Pod: the
+// outcome its status must carry (nil: nothing known yet) and since when,
+// whether the Pod has ended and since when (its instance's power-off
+// grace runs from then), and until when something is still to come.
+type podView struct {
+	outcome *model.Outcome
+	due     time.Time
+	ended   bool
+	endedAt time.Time
+	// byRuns: the containers ended it (their exits, or the sidecars'
+	// grace), not the instance's going: its instance is then ended too.
+	byRuns bool
+	// waitUntil is the end of the exit-wait window of an instance gone
+	// with containers unaccounted for, or of the grace sidecars have to
+	// stop once the regular containers ended; waitWhy says which.
+	waitUntil time.Time
+	waitWhy   string
+}
+
+// viewPod is the one reading of a record's container runs against the
+// Pod's spec (pod, nil when not read). With the spec, the kubelet's rule
+// decides whether the runs end the Pod (podstatus); sidecars still running
+// once every regular container ended for good are left the Pod's
+// termination grace period to report their end, then taken as lost.
+// Without it, the phase this record's outcome was written with decides,
+// and failing that the host's word (podstatus.HostSaysEnded): a host can
+// always end its own instance, so its word decides nothing it could not
+// do itself. An instance gone with the Pod not ended leaves the runs the
+// exit-wait window to come; after it, what is unaccounted for is lost.
+func viewPod(rec ledger.Record, pod *corev1.Pod, now time.Time, p Policy) podView {
+	o := model.Outcome{InstanceID: rec.InstanceID, Exits: rec.Runs()}
+	if pod != nil {
+		o.Exits = slices.DeleteFunc(o.Exits, func(e model.Exit) bool { return podstatus.KindOf(&pod.Spec, e.Container) == podstatus.KindNone })
+	}
+	var v podView
+	v.ended, v.endedAt = endedByRuns(rec, pod, o, now), latestReceipt(o.Exits)
+	if !v.ended && pod != nil && rec.Gone == nil && podstatus.HasSidecars(&pod.Spec) {
+		if at, ok := podstatus.RegularsEnded(&pod.Spec, o); ok {
+			deadline := at.Add(terminationGrace(pod))
+			if now.Before(deadline) {
+				v.waitUntil, v.waitWhy = deadline, "sidecars' termination grace"
+			} else {
+				o.SidecarsLost, v.ended, v.endedAt = true, true, deadline
+			}
+		}
+	}
+	v.byRuns = v.ended
+	if !v.ended && rec.Gone != nil {
+		windowEnd := rec.GoneSince().Add(p.ExitWait)
+		if now.Before(windowEnd) {
+			v.waitUntil, v.waitWhy = laterOf(v.waitUntil, windowEnd), "exit-wait window open"
+		} else {
+			o.Lost, o.LostAfter, v.ended, v.endedAt = rec.Gone, p.ExitWait, true, windowEnd
+		}
+	}
+	if len(o.Exits) > 0 || o.Lost != nil {
+		v.outcome, v.due = &o, v.endedAt
+	}
+	return v
+}
+
+// endedByRuns says whether the container runs of o end the Pod.
+func endedByRuns(rec ledger.Record, pod *corev1.Pod, o model.Outcome, now time.Time) bool {
+	if len(o.Exits) == 0 {
+		return false
+	}
+	if pod != nil {
+		if status, ok := podstatus.Build(pod, o, now); ok {
+			return podstatus.Terminal(status.Phase)
+		}
+	}
+	if rec.PodEnded != nil && rec.PodSynced == o.Key() {
+		return *rec.PodEnded
+	}
+	return podstatus.HostSaysEnded(o.Exits)
+}
+
+// latestReceipt is when Reaper received the last of exits (an exit
+// recorded without the time, by an older version, counts from when its
+// container finished).
+func latestReceipt(exits []model.Exit) time.Time {
+	var at time.Time
+	for _, e := range exits {
+		if e.ReceivedAt.IsZero() {
+			e.ReceivedAt = e.FinishedAt
+		}
+		at = laterOf(at, e.ReceivedAt)
+	}
+	return at
+}
+
+// defaultTerminationGrace is the Pod's terminationGracePeriodSeconds when
+// its spec does not say, as the apiserver defaults it.
+const defaultTerminationGrace = 30 * time.Second
+
+func terminationGrace(pod *corev1.Pod) time.Duration {
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		return time.Duration(*g) * time.Second
+	}
+	return defaultTerminationGrace
+}
+
+const lostKey = model.OutcomeLost
 
 // terminateTakes is how long after TerminateInstances accepted an instance
 // EC2 may still describe it running: its answers are eventually
@@ -152,32 +266,29 @@ func stillRunning(rec ledger.Record, ec2 *instances.Instance) bool {
 
 // endAfterGrace is the End of an instance whose power-off grace ends at
 // graceEnds, judged at seen: terminate now once the grace is over, or
-// when it ends. Only the instance of a terminal exit that EC2 has not
-// reported gone has a grace.
-func endAfterGrace(graceEnds time.Time, rec ledger.Record, seen time.Time, p Policy) End {
-	hasGrace := p.PowerOffGrace > 0 && rec.Gone == nil && rec.Exit != nil && rec.Exit.Terminal()
+// when it ends. Only the instance of a Pod ended by its containers' runs,
+// which EC2 has not reported gone, has a grace.
+func endAfterGrace(graceEnds time.Time, rec ledger.Record, v podView, seen time.Time, p Policy) End {
+	hasGrace := p.PowerOffGrace > 0 && rec.Gone == nil && v.byRuns
 	if hasGrace && seen.Before(graceEnds) {
 		return End{At: graceEnds}
 	}
 	return End{Now: true}
 }
 
-// graceEnd is when the power-off grace of rec's instance ends: the grace
-// after Reaper received its terminal exit, on Reaper's clock (the first
-// terminal exit is final, so no later line moves it; a record an older
-// version wrote without the time falls back to the exit's finishedAt), as
-// the default user-data's hosts power off a few seconds after their exit
-// whenever Reaper writes the Pod. With the Pod-written tag the hosts wait
-// for Reaper's write instead, so the grace runs from the later of the
-// exit and the write of its Pod (written), however long the write took.
-func graceEnd(rec ledger.Record, written time.Time, p Policy) time.Time {
-	if rec.Exit == nil {
+// graceEnd is when the power-off grace of the instance ends: the grace
+// after Reaper learned the Pod ended (received the exit that ended it), on
+// Reaper's clock (a container's first terminal exit is final, so no later
+// line moves it), as the default user-data's hosts power off a few
+// seconds after their last exit whenever Reaper writes the Pod. With the
+// Pod-written tag the hosts wait for Reaper's write instead, so the grace
+// runs from the later of the end and the write of its Pod (written),
+// however long the write took.
+func graceEnd(v podView, written time.Time, p Policy) time.Time {
+	if !v.byRuns {
 		return time.Time{}
 	}
-	from := rec.Exit.ReceivedAt
-	if from.IsZero() {
-		from = rec.Exit.FinishedAt
-	}
+	from := v.endedAt
 	if p.PodWrittenTag != "" {
 		from = laterOf(from, written)
 	}
@@ -185,8 +296,8 @@ func graceEnd(rec ledger.Record, written time.Time, p Policy) time.Time {
 }
 
 // terminateDue is when terminating rec's instance fell due.
-func terminateDue(rec ledger.Record, p Policy) time.Time {
-	due := graceEnd(rec, rec.PodSyncedAt, p)
+func terminateDue(rec ledger.Record, v podView, p Policy) time.Time {
+	due := graceEnd(v, rec.PodSyncedAt, p)
 	if rec.Gone != nil {
 		due = laterOf(due, rec.GoneSince())
 	}
@@ -203,25 +314,10 @@ func laterOf(a, b time.Time) time.Time {
 	return a
 }
 
-// outcomeOf is what the Pod must say, if anything is known yet, and since
-// when. A terminal exit line, however late, wins over "lost" while the Pod
-// is not yet finalized; once a Pod is finalized as lost it stays so (it is
-// terminal). A restart-pending exit holds only while the instance runs:
-// once it is gone and the window has passed with no terminal line, the
-// restart will never happen and the Pod is lost.
-func outcomeOf(rec ledger.Record, now time.Time, p Policy) (*model.Outcome, time.Time) {
-	lost := rec.Gone != nil && !now.Before(rec.GoneSince().Add(p.ExitWait))
-	switch {
-	case rec.Exit != nil && (rec.Exit.Terminal() || !lost):
-		return &model.Outcome{InstanceID: rec.InstanceID, Exit: rec.Exit}, rec.Exit.ReceivedAt
-	case lost:
-		return &model.Outcome{InstanceID: rec.InstanceID, Lost: rec.Gone, LostAfter: p.ExitWait}, rec.GoneSince().Add(p.ExitWait)
-	}
-	return nil, time.Time{}
-}
-
-func wantTerminated(rec ledger.Record, p Policy) bool {
-	if rec.Exit != nil && rec.Exit.Terminal() {
+// wantTerminated says whether the instance must go: its containers ended
+// its Pod, or it stopped and stopped instances are terminated.
+func wantTerminated(rec ledger.Record, v podView, p Policy) bool {
+	if v.byRuns {
 		return true
 	}
 	if rec.Gone == nil {

@@ -10,11 +10,27 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
+// exitsOf is a record's Exits holding exits, by their containers.
+func exitsOf(exits ...model.Exit) map[string]model.Exit {
+	out := map[string]model.Exit{}
+	for _, e := range exits {
+		out[e.Container] = e
+	}
+	return out
+}
+
+// finishedAt sets when the record's container "main" finished.
+func finishedAt(r *ledger.Record, at time.Time) {
+	e := r.Exits["main"]
+	e.FinishedAt = at
+	r.Exits["main"] = e
+}
+
 func TestDecide(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 6, 0, 0, 0, time.UTC)
 	policy := Policy{ExitWait: 3 * time.Minute, TerminateStopped: true}
 	exitRec := func(willRestart bool) ledger.Record {
-		return ledger.Record{InstanceID: "i-1", Exit: &model.Exit{Container: "main", RestartCount: 1, WillRestart: willRestart}}
+		return ledger.Record{InstanceID: "i-1", Exits: exitsOf(model.Exit{Container: "main", RestartCount: 1, WillRestart: willRestart})}
 	}
 	with := func(r ledger.Record, f func(*ledger.Record)) ledger.Record { f(&r); return r }
 	gone := func(state string) *model.Gone { return &model.Gone{State: state, At: t0} }
@@ -46,17 +62,17 @@ func TestDecide(t *testing.T) {
 		{name: "restart pending, instance gone inside window", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("terminated") }), now: t0.Add(time.Minute), wait: true},
 		{name: "restart pending, instance gone, window passed", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("terminated") }), now: t0.Add(3 * time.Minute), pod: "lost"},
 		{name: "restart pending, stopped: terminate, pod later", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("stopped") }), now: t0, terminate: true, wait: true},
-		{name: "powering off: the Pod now, the instance after the grace", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt = t0 }), now: t0.Add(10 * time.Second),
+		{name: "powering off: the Pod now, the instance after the grace", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0) }), now: t0.Add(10 * time.Second),
 			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", wait: true},
-		{name: "powering off, grace passed", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt = t0 }), now: t0.Add(30 * time.Second),
+		{name: "powering off, grace passed", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0) }), now: t0.Add(30 * time.Second),
 			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", terminate: true},
-		{name: "powered off inside the grace", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt, r.Gone, r.PodSynced = t0, gone("shutting-down"), "exit/1" }), now: t0.Add(10 * time.Second),
+		{name: "powered off inside the grace", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0); r.Gone, r.PodSynced = gone("shutting-down"), "exit/1" }), now: t0.Add(10 * time.Second),
 			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, terminate: true},
-		{name: "described ending: terminated, no grace", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt = t0 }), now: t0.Add(10 * time.Second),
+		{name: "described ending: terminated, no grace", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0) }), now: t0.Add(10 * time.Second),
 			ec2: &instances.Instance{State: model.StateShuttingDown}, policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", terminate: true},
-		{name: "grace judged from the lookup", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt = t0 }), now: t0.Add(40 * time.Second),
+		{name: "grace judged from the lookup", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0) }), now: t0.Add(40 * time.Second),
 			ec2: &instances.Instance{State: model.StateRunning, DescribedAt: t0.Add(20 * time.Second)}, policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", wait: true},
-		{name: "pod-written tag: grace from the write, from the exit if the write fails", rec: with(exitRec(false), func(r *ledger.Record) { r.Exit.FinishedAt = t0 }), now: t0.Add(40 * time.Second),
+		{name: "pod-written tag: grace from the write, from the exit if the write fails", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0) }), now: t0.Add(40 * time.Second),
 			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second, PodWrittenTag: "reaper.io/pod-written"}, pod: "exit/1", wait: true, unwritten: new(true)},
 		{name: "restart pending, terminal line inside window wins", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/0", gone("terminated") }), now: t0.Add(time.Minute), pod: "exit/1", terminate: true},
 	} {
@@ -65,7 +81,7 @@ func TestDecide(t *testing.T) {
 			if p == (Policy{}) {
 				p = policy
 			}
-			plan := Decide(tc.rec, tc.ec2, tc.now, p)
+			plan := Decide(tc.rec, tc.ec2, nil, tc.now, p)
 			if got := outcomeKey(plan.Pod); got != tc.pod {
 				t.Errorf("pod outcome %q, want %q", got, tc.pod)
 			}

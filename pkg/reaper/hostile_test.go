@@ -44,7 +44,7 @@ func TestRejectedClaimShieldsNothing(t *testing.T) {
 	inst.LaunchTime = testNow().Add(-time.Hour)
 	w := fakes.NewWorld(inst) // the real Pod is deleted
 	core, l, q := newBatchCore(w)
-	l.Recs[id] = ledger.Record{InstanceID: id, Pod: podOf(99), Exit: &model.Exit{Container: "main", ExitCode: 0}, Unverified: true, Version: 1}
+	l.Recs[id] = ledger.Record{InstanceID: id, Pod: podOf(99), Exits: exitsOf(model.Exit{Container: "main", ExitCode: 0}), Unverified: true, Version: 1}
 	sum, err := core.Sweep(t.Context(), 15*time.Minute)
 	if err != nil || sum.Orphans != 1 {
 		t.Fatalf("sweep %+v, %v: want the instance found orphaned", sum, err)
@@ -257,8 +257,8 @@ func TestInstanceEC2Forgot(t *testing.T) {
 			w := fakes.NewWorld() // EC2 knows no instance
 			w.Pods[podOf(1)], w.Pods[podOf(2)] = true, true
 			core, l, _ := newBatchCore(w)
-			synced := (&model.Outcome{InstanceID: id, Exit: restart}).Key()
-			l.Recs[id] = ledger.Record{InstanceID: id, Pod: podOf(1), Exit: restart, PodSynced: synced, Version: 1}
+			synced := (&model.Outcome{InstanceID: id, Exits: []model.Exit{*restart}}).Key()
+			l.Recs[id] = ledger.Record{InstanceID: id, Pod: podOf(1), Exits: exitsOf(*restart), PodSynced: synced, Version: 1}
 			msg := tc.msg
 			msg.InstanceID = id
 			if _, err := core.HandleQueueEvent(t.Context(), batch(t, msg)); err != nil {
@@ -375,8 +375,8 @@ func TestGraceJudgedFromTheLookup(t *testing.T) {
 	core.Policy.PowerOffGrace = 30 * time.Second
 	for n := 1; n <= 2; n++ {
 		l.Recs[instanceOf(n)] = ledger.Record{InstanceID: instanceOf(n), Pod: podOf(n), Pending: "p", Version: 1,
-			Exit:        &model.Exit{Container: "main", FinishedAt: testNow().Add(-34 * time.Second)}, // the grace ended 4 s ago
-			PodSynced:   model.Outcome{InstanceID: instanceOf(n), Exit: &model.Exit{Container: "main", FinishedAt: testNow().Add(-34 * time.Second)}}.Key(),
+			Exits:       exitsOf(model.Exit{Container: "main", FinishedAt: testNow().Add(-34 * time.Second)}), // the grace ended 4 s ago
+			PodSynced:   model.Outcome{InstanceID: instanceOf(n), Exits: []model.Exit{{Container: "main", FinishedAt: testNow().Add(-34 * time.Second)}}}.Key(),
 			PodSyncedAt: testNow().Add(-34 * time.Second)}
 	}
 	// EC2 answered 5 s ago: a long batch, or a slow call.
@@ -466,7 +466,7 @@ func TestTerminalExitIsFinal(t *testing.T) {
 	if _, err := core.HandleQueueEvent(t.Context(), batch(t, exitMsg(1, 0))); err != nil {
 		t.Fatal(err)
 	}
-	first := *l.Recs[instanceOf(1)].Exit
+	first := *l.Recs[instanceOf(1)].Latest()
 	q.Sent = nil
 	// Every 10 s, the same line dated 4 min 50 s ahead, and a restart.
 	for i := 1; i <= 2; i++ {
@@ -480,8 +480,8 @@ func TestTerminalExitIsFinal(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if rec := l.Recs[instanceOf(1)]; *rec.Exit != first {
-		t.Fatalf("recorded exit %+v, want the first one %+v", *rec.Exit, first)
+	if rec := l.Recs[instanceOf(1)]; *rec.Latest() != first {
+		t.Fatalf("recorded exit %+v, want the first one %+v", *rec.Latest(), first)
 	}
 	if n := countOf(t, emf.String(), metrics.LinesRejected, model.ReasonAfterTerminal); n != 4 {
 		t.Fatalf("%d claims counted as after a terminal exit, want 4", n)
@@ -666,7 +666,7 @@ func TestExitTokenDecides(t *testing.T) {
 	if _, err := core.HandleQueueEvent(t.Context(), batch(t, wrong)); err != nil {
 		t.Fatal(err)
 	}
-	if n := countOf(t, emf.String(), metrics.LinesRejected, model.ReasonTokenMismatch); n != 2 || len(w.Log) != 0 || l.Recs[instanceOf(1)].Exit != nil {
+	if n := countOf(t, emf.String(), metrics.LinesRejected, model.ReasonTokenMismatch); n != 2 || len(w.Log) != 0 || l.Recs[instanceOf(1)].Latest() != nil {
 		t.Fatalf("%d refused for their token, steps %q, record %+v: want both refused, nothing written", n, w.Log, l.Recs[instanceOf(1)])
 	}
 	real := exitMsg(1, 0)

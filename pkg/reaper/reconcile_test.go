@@ -123,31 +123,31 @@ func TestBatchDecisions(t *testing.T) {
 		{name: "exit believed", inst: new(owned(id, pod)), msgs: []workqueue.Message{exitMsg(1, 0)},
 			log: []string{"pod jobs/job-1 exit/0", "terminate [" + id + "]"}, lookups: 1, settled: true},
 		{name: "claim naming another Pod", inst: new(owned(id, other)),
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, Unverified: true, Pending: "1", Version: 1},
+			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), Unverified: true, Pending: "1", Version: 1},
 			msgs: []workqueue.Message{exitMsg(1, 0)}, lookups: 1, settled: true},
 		{name: "another cluster's instance", inst: &instances.Instance{ID: id, State: model.StateRunning, Managed: true, Cluster: "staging", Pod: pod},
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, Unverified: true, Pending: "1", Version: 1},
+			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), Unverified: true, Pending: "1", Version: 1},
 			msgs: []workqueue.Message{exitMsg(1, 0)}, lookups: 1, settled: true},
 		{name: "unknown to EC2 and the ledger", msgs: []workqueue.Message{workqueue.State(id, "terminated", time.Now())}, lookups: 1, noRecord: true},
 		{name: "not ours: state change", inst: &instances.Instance{ID: id, State: model.StateTerminated, Pod: pod},
 			msgs: []workqueue.Message{workqueue.State(id, "terminated", time.Now())}, lookups: 1, noRecord: true},
 		{name: "state change of a settled record: no lookup",
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, PodSynced: "exit/0", Terminated: time.Unix(1, 0), Version: 1},
+			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), PodSynced: "exit/0", Terminated: time.Unix(1, 0), Version: 1},
 			msgs: []workqueue.Message{workqueue.State(id, "shutting-down", time.Now()), workqueue.State(id, "terminated", time.Now())}, settled: true},
 		{name: "wake-up of a settled record: no lookup",
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, PodSynced: "exit/0", Terminated: time.Unix(1, 0), Version: 1},
+			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), PodSynced: "exit/0", Terminated: time.Unix(1, 0), Version: 1},
 			msgs: []workqueue.Message{workqueue.Sweep(id)}, settled: true},
 		{name: "sweep of a terminated record whose Pod is unwritten: no lookup",
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, Terminated: time.Unix(1, 0), Pending: "1", Version: 1},
+			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), Terminated: time.Unix(1, 0), Pending: "1", Version: 1},
 			msgs: []workqueue.Message{workqueue.Sweep(id)}, log: []string{"pod jobs/job-1 exit/0"}, settled: true},
 		{name: "sweep of an unverified terminated record: looked up", inst: new(owned(id, pod)),
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, Terminated: testNow().Add(-10 * time.Second), Unverified: true, Pending: "1", Version: 1},
+			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), Terminated: testNow().Add(-10 * time.Second), Unverified: true, Pending: "1", Version: 1},
 			msgs: []workqueue.Message{workqueue.Sweep(id)}, log: []string{"pod jobs/job-1 exit/0"}, lookups: 1, settled: true},
 		{name: "still running long after its terminate: terminated again", inst: new(owned(id, pod)),
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, PodSynced: "exit/0", Terminated: testNow().Add(-time.Hour), Version: 1},
+			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), PodSynced: "exit/0", Terminated: testNow().Add(-time.Hour), Version: 1},
 			msgs: []workqueue.Message{workqueue.StillRunning(id)}, log: []string{"terminate [" + id + "]"}, lookups: 1, settled: true},
 		{name: "still running lately terminated: left to EC2", inst: new(owned(id, pod)),
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, PodSynced: "exit/0", Terminated: testNow().Add(-time.Minute), Version: 1},
+			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), PodSynced: "exit/0", Terminated: testNow().Add(-time.Minute), Version: 1},
 			msgs: []workqueue.Message{workqueue.StillRunning(id)}, lookups: 1, settled: true},
 		{name: "spot reclaim inside the window", inst: &instances.Instance{ID: id, State: model.StateTerminated, Managed: true, Owned: true, Pod: pod},
 			msgs: []workqueue.Message{workqueue.State(id, "terminated", time.Date(2026, 12, 1, 11, 59, 30, 0, time.UTC))}, lookups: 1},
@@ -190,7 +190,7 @@ func TestBatchDecisions(t *testing.T) {
 func TestBatchLookupFails(t *testing.T) {
 	w := &fakes.World{Pods: map[model.PodRef]bool{podOf(1): true}, Instances: map[string]instances.Instance{}, DescribeErr: errors.New("UnauthorizedOperation")}
 	core, l, _ := newBatchCore(w)
-	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1), Exit: &model.Exit{Container: "main"}, Unverified: true, Pending: "1"}
+	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1), Exits: exitsOf(model.Exit{Container: "main"}), Unverified: true, Pending: "1"}
 	resp, _ := core.HandleQueueEvent(t.Context(), batch(t, exitMsg(1, 0), exitMsg(1, 0)))
 	if got := failures(resp); !slices.Equal(got, []string{"m0", "m1"}) {
 		t.Fatalf("failures %v, want both messages", got)
@@ -396,7 +396,7 @@ func TestBatchOutOfTime(t *testing.T) {
 // same whichever came first; a state change after that costs none.
 func TestBatchStateChangeWrites(t *testing.T) {
 	id, pod := instanceOf(1), podOf(1)
-	settled := ledger.Record{InstanceID: id, Pod: pod, Exit: &model.Exit{Container: "main"}, PodSynced: "exit/0", Terminated: time.Unix(1, 0), Version: 1}
+	settled := ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), PodSynced: "exit/0", Terminated: time.Unix(1, 0), Version: 1}
 	w := fakes.NewWorld()
 	core, l, _ := newBatchCore(w)
 	l.Recs[id] = settled

@@ -112,7 +112,7 @@ func (e *entry) done(now time.Time) (ledger.Done, bool) {
 	}
 	d := ledger.Done{Version: e.view.Version}
 	if e.plan.Pod != nil && e.podErr == nil {
-		d.PodSynced = e.plan.Pod.Key()
+		d.PodSynced, d.PodEnded = e.plan.Pod.Key(), e.plan.PodEnds
 	}
 	if e.end.Now && e.termErr == nil && e.term != "" {
 		if e.term == instances.Refused {
@@ -367,14 +367,15 @@ func (b *batchRun) logEntry(ctx context.Context, e *entry) {
 // Pod was written with.
 func (b *batchRun) recordSteps(e *entry) {
 	sinceFinish := func() (time.Duration, bool) {
-		if e.view.Exit == nil || e.view.Exit.FinishedAt.IsZero() {
+		last := e.view.Latest()
+		if last == nil || last.FinishedAt.IsZero() {
 			return 0, false
 		}
-		return b.Now().Sub(e.view.Exit.FinishedAt), true
+		return b.Now().Sub(last.FinishedAt), true
 	}
 	if e.pod.Result == kube.Patched {
 		b.Metrics.By(metrics.Outcome(outcomeName(e.pod.Phase, e.plan.Pod))).Count(metrics.PodStatusesWritten, 1)
-		if d, ok := sinceFinish(); ok && e.plan.Pod.Terminal() {
+		if d, ok := sinceFinish(); ok && e.plan.PodEnds {
 			b.Metrics.Observe(metrics.FinishToPodTerminal, d)
 		}
 	}
@@ -396,7 +397,7 @@ func outcomeName(phase corev1.PodPhase, o *model.Outcome) string {
 		return metrics.OutcomeSucceeded
 	case phase != corev1.PodFailed:
 		return metrics.OutcomeRestart
-	case o.Exit == nil:
+	case o.Lost != nil:
 		return metrics.OutcomeLost
 	}
 	return metrics.OutcomeFailed

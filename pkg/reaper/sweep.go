@@ -277,7 +277,9 @@ func (r *Reaper) unfinished(records map[string]ledger.Record, managed map[string
 			}
 			continue
 		}
-		plan := Decide(rec, listed, now, r.Policy)
+		// The sweep reads no Pod: without the spec, the phase the Pod was
+		// written with, or the host's word, says whether it ended.
+		plan := Decide(rec, listed, nil, now, r.Policy)
 		if !plan.WaitUntil.IsZero() {
 			sum.WaitingExit++
 		}

@@ -25,7 +25,7 @@ func TestSweepRules(t *testing.T) {
 	// 3: gone inside it; 4: owned and gone, unknown to the ledger;
 	// 5: owned, running, its Pod alive; 6: owned, running, its Pod gone;
 	// 7: another cluster's, running, its Pod gone.
-	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1), Exit: exit, Pending: "1"}
+	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1), Exits: exitsOf(*exit), Pending: "1"}
 	l.Recs[instanceOf(2)] = ledger.Record{InstanceID: instanceOf(2), Pod: podOf(2), Gone: &model.Gone{State: "terminated", At: now.Add(-2 * time.Minute)}, Pending: "1"}
 	l.Recs[instanceOf(3)] = ledger.Record{InstanceID: instanceOf(3), Pod: podOf(3), Gone: &model.Gone{State: "terminated", At: now.Add(-10 * time.Second)}, Pending: "1"}
 	for n, state := range map[int]string{4: model.StateTerminated, 5: model.StateRunning, 6: model.StateRunning} {
@@ -69,8 +69,8 @@ func TestSweepSkipsWorkInFlight(t *testing.T) {
 	w := fakes.NewWorld()
 	core, l, q := newBatchCore(w)
 	exit := &model.Exit{Container: "main"}
-	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1), Exit: exit, Pending: "1", UpdatedAt: now.Add(-time.Minute)}
-	l.Recs[instanceOf(2)] = ledger.Record{InstanceID: instanceOf(2), Pod: podOf(2), Exit: exit, Pending: "1", UpdatedAt: now.Add(-requeueAfter)}
+	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1), Exits: exitsOf(*exit), Pending: "1", UpdatedAt: now.Add(-time.Minute)}
+	l.Recs[instanceOf(2)] = ledger.Record{InstanceID: instanceOf(2), Pod: podOf(2), Exits: exitsOf(*exit), Pending: "1", UpdatedAt: now.Add(-requeueAfter)}
 	gone := now.Add(-90 * time.Second) // the test policy's window is 1 min
 	l.Recs[instanceOf(3)] = ledger.Record{InstanceID: instanceOf(3), Pod: podOf(3), Gone: &model.Gone{State: model.StateTerminated, At: gone}, Pending: "1", UpdatedAt: gone}
 	sum, err := core.Sweep(t.Context(), 15*time.Minute)
@@ -100,7 +100,7 @@ func TestSweepStillRunning(t *testing.T) {
 		inst.LaunchTime = testNow().Add(-2 * time.Hour)
 		w.Instances[inst.ID] = inst
 		w.Pods[podOf(n)] = true
-		l.Recs[inst.ID] = ledger.Record{InstanceID: inst.ID, Pod: podOf(n), Exit: exit, PodSynced: "exit/0", Terminated: testNow().Add(-terminated), Version: 1}
+		l.Recs[inst.ID] = ledger.Record{InstanceID: inst.ID, Pod: podOf(n), Exits: exitsOf(*exit), PodSynced: "exit/0", Terminated: testNow().Add(-terminated), Version: 1}
 	}
 	sum, err := core.Sweep(t.Context(), 15*time.Minute)
 	if err != nil || sum.StillRunning != 1 {

@@ -95,7 +95,7 @@ func (b *batchRun) tagPodWritten(ctx context.Context) {
 	}
 	var ids []string
 	for _, e := range b.live() {
-		if e.view != nil && e.plan.Pod != nil && e.podErr == nil && e.plan.Pod.Terminal() && !e.end.At.IsZero() &&
+		if e.view != nil && e.plan.Pod != nil && e.podErr == nil && e.plan.PodEnds && !e.end.At.IsZero() &&
 			e.ec2 != nil && e.ec2.Owned && !model.IsEnding(e.ec2.State) {
 			ids = append(ids, e.id)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
+	"github.com/reaper-k8s/reaper/pkg/podstatus"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
 
@@ -72,18 +73,19 @@ func believe(rec ledger.Record, ec2 *instances.Instance) (view *ledger.Record, r
 		return nil, reason
 	}
 	if rec.Pod != ec2.Pod {
-		if rec.Exit != nil {
+		if len(rec.Exits) > 0 {
 			reason = model.ReasonPodMismatch
 		}
-		rec.Pod, rec.Exit = ec2.Pod, nil
+		rec.Pod, rec.Exits = ec2.Pod, nil
 	}
 	rec.Unverified = false
 	return &rec, reason
 }
 
 // mayBeOrphan is the one orphan check: an owned instance running (or
-// pending) for a Pod its tags name, with neither its record ending it (a
-// terminal exit of that Pod, checked when it was recorded) nor a refusal
+// pending) for a Pod its tags name, with neither its record ending it
+// (that Pod written ended by its checked exits, or the host's word that
+// it ended, podstatus.HostSaysEnded) nor a refusal
 // of EC2 to terminate it less than RefusalBackoff before now. Whether its
 // Pod still lives decides. The sweeper asks before it queues the instance
 // and the reconciler again before it terminates it, each with its own read
@@ -95,7 +97,8 @@ func mayBeOrphan(inst instances.Instance, rec *ledger.Record, now time.Time) boo
 	if rec == nil {
 		return true
 	}
-	ended := rec.Exit != nil && rec.Exit.Terminal() && !rec.Unverified && rec.Pod == inst.Pod
+	ended := !rec.Unverified && rec.Pod == inst.Pod &&
+		((rec.PodEnded != nil && *rec.PodEnded) || podstatus.HostSaysEnded(rec.Runs()))
 	refused := rec.TerminateRefused != nil && now.Before(rec.TerminateRefused.At.Add(RefusalBackoff))
 	return !ended && !refused
 }

@@ -7,8 +7,10 @@ import (
 	"slices"
 
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/reaper-k8s/reaper/pkg/instances"
+	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
@@ -23,7 +25,7 @@ func (b *batchRun) decide() {
 	running := 0
 	for _, e := range b.live() {
 		if e.view != nil {
-			e.plan = Decide(*e.view, e.ec2, now, b.Policy)
+			e.plan = Decide(*e.view, e.ec2, e.livePod(), now, b.Policy)
 		}
 		for _, it := range e.items {
 			if it.Kind == workqueue.KindOrphan {
@@ -69,12 +71,13 @@ func (b *batchRun) capOrphans(running int) {
 	b.Metrics.Count(metrics.OrphansHeldBack, b.sum.OrphansHeldBack)
 }
 
-// writePods is the batch's Pod phase: it reads the Pods of the planned
-// writes and of the orphan candidates, in LIST pages (the reads may take
-// half the phase's time: a slow apiserver then still leaves the other half
-// to write those that were read), then writes each outcome. A write the
-// phase had no time for keeps errNoTime: its record comes back, and its
-// instance is not terminated before its Pod tells its exit (endAfterPod).
+// writePods is the batch's Pod phase: it writes each planned outcome to
+// its Pod as readPods read it. Pods that phase did not read (a plan it did
+// not foresee) and the orphan candidates' are read here, in LIST pages
+// (the reads may take half the phase's time: a slow apiserver then still
+// leaves the other half to write those that were read). A write the phase
+// had no time for keeps errNoTime: its record comes back, and its instance
+// is not terminated before its Pod tells its exit (endAfterPod).
 func (b *batchRun) writePods(ctx context.Context) {
 	var writes []*entry
 	var refs []model.PodRef
@@ -86,20 +89,24 @@ func (b *batchRun) writePods(ctx context.Context) {
 				continue
 			}
 			e.podErr = errNoTime // until it is written
-			refs = append(refs, e.view.Pod)
+			if e.snap == nil || e.snap.Ref != e.view.Pod {
+				e.snap = nil
+				refs = append(refs, e.view.Pod)
+			}
 		}
 	}
 	orphans := b.sameClusterOrphans(ctx)
 	for _, e := range orphans {
 		refs = append(refs, e.ec2.Pod)
 	}
-	if len(refs) == 0 {
-		return
+	var snaps map[model.PodRef]kube.Snapshot
+	var readErr error
+	if len(refs) > 0 {
+		readCtx, cancelRead := until(ctx, halfway(b.p.work))
+		snaps, readErr = b.Pods.ReadMany(readCtx, refs)
+		readErr = outOfTime(readCtx, readErr)
+		cancelRead()
 	}
-	readCtx, cancelRead := until(ctx, halfway(b.p.work))
-	snaps, readErr := b.Pods.ReadMany(readCtx, refs)
-	readErr = outOfTime(readCtx, readErr)
-	cancelRead()
 	for _, e := range orphans {
 		if snap, ok := snaps[e.ec2.Pod]; ok {
 			e.snap = &snap
@@ -110,13 +117,17 @@ func (b *batchRun) writePods(ctx context.Context) {
 	var g errgroup.Group
 	g.SetLimit(podWorkers)
 	for _, e := range writes {
-		snap, read := snaps[e.view.Pod]
+		if e.snap == nil {
+			if snap, ok := snaps[e.view.Pod]; ok {
+				e.snap = &snap
+			}
+		}
 		switch {
 		case e.view.Pod.UID == "":
-		case !read:
-			e.podErr = fmt.Errorf("read pod %s: %w", e.view.Pod, readErr)
+		case e.snap == nil:
+			e.podErr = fmt.Errorf("read pod %s: %w", e.view.Pod, cmp.Or(readErr, e.podReadErr))
 		case ctx.Err() == nil:
-			e.snap = &snap
+			snap := *e.snap
 			g.Go(func() error {
 				e.pod, e.podErr = b.Pods.ApplyTo(ctx, snap, *e.plan.Pod)
 				e.podErr = outOfTime(ctx, e.podErr)
@@ -125,6 +136,66 @@ func (b *batchRun) writePods(ctx context.Context) {
 		}
 	}
 	_ = g.Wait()
+}
+
+// readPods reads, in LIST pages, the Pods of the entries that may write
+// one, before their claims are applied: a claim's container is checked
+// against its Pod's spec (applyEntry), and the decision reads the spec
+// (Decide). It reads no Pod for a record Reaper already ended, nor for an
+// instance that is not this deployment's or not known, whose claims name
+// Pods nobody checked. A read that fails leaves the entry without its Pod
+// (e.podReadErr): its claims are still recorded, and the decision falls
+// back on what the record says.
+func (b *batchRun) readPods(ctx context.Context) {
+	var refs []model.PodRef
+	for _, e := range b.live() {
+		if ref, ok := e.podToRead(); ok {
+			refs = append(refs, ref)
+		}
+	}
+	if len(refs) == 0 {
+		return
+	}
+	readCtx, cancel := until(ctx, halfway(b.p.work))
+	snaps, err := b.Pods.ReadMany(readCtx, refs)
+	err = outOfTime(readCtx, err)
+	cancel()
+	for _, e := range b.live() {
+		ref, ok := e.podToRead()
+		if !ok {
+			continue
+		}
+		if snap, read := snaps[ref]; read {
+			e.snap = &snap
+		} else {
+			e.podReadErr = err
+		}
+	}
+}
+
+// podToRead is the Pod readPods reads for the entry, if any: the one its
+// instance's launch tags name, or its record's.
+func (e *entry) podToRead() (model.PodRef, bool) {
+	var ref model.PodRef
+	switch {
+	case e.ec2 != nil && e.ec2.Owned:
+		ref = e.ec2.Pod
+	case e.ec2 == nil && e.stored != nil && !e.stored.Unverified:
+		ref = e.stored.Pod
+	}
+	if ref.UID == "" || (e.stored != nil && endedByReaper(*e.stored)) {
+		return model.PodRef{}, false
+	}
+	return ref, slices.ContainsFunc(e.items, func(it workqueue.Item) bool { return it.Kind != workqueue.KindOrphan })
+}
+
+// livePod is the entry's Pod as read in this batch, when it is live (nil:
+// not read, gone, replaced or ended).
+func (e *entry) livePod() *corev1.Pod {
+	if e.snap == nil || e.snap.Result != kube.Current {
+		return nil
+	}
+	return e.snap.Pod()
 }
 
 // sameClusterOrphans are the orphan candidates launched for the cluster
