@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/kube"
@@ -163,11 +164,32 @@ func TestAdmissionPolicy(t *testing.T) {
 					t.Errorf("phase %s, want Succeeded", phase)
 				}
 			})
-			// A restart keeps a Pod Running; it cannot start one.
+			// A restart keeps a Pod in its live phase; it starts none: a
+			// Pending Pod stays Pending, and the write is admitted.
 			t.Run("restart of a Pending Pod", func(t *testing.T) {
 				pod := newPod(t, admin, fmt.Sprintf("pending-restart-%d", i), fixture{node: virtualNode, phase: corev1.PodPending})
-				_, err := id.apply(ctx, pod, restarting)
-				assertRefused(t, err, msgPhase)
+				if res, err := id.apply(ctx, pod, restarting); err != nil || res != kube.Patched {
+					t.Fatalf("Apply = %q, %v; want %q", res, err, kube.Patched)
+				}
+				after := getPod(t, admin, pod)
+				if after.Status.Phase != corev1.PodPending || len(after.Status.ContainerStatuses) != 1 || after.Status.ContainerStatuses[0].RestartCount != 1 {
+					t.Errorf("phase %s, statuses %+v: want Pending with the restart shown", after.Status.Phase, after.Status.ContainerStatuses)
+				}
+			})
+			t.Run("init containers of a Pending Pod", func(t *testing.T) {
+				pod := newPod(t, admin, fmt.Sprintf("pending-init-%d", i), fixture{node: virtualNode, phase: corev1.PodPending, init: []string{"fetch", "unpack"}})
+				assertShapeWrites(t, id, admin, pod, []shapeStep{
+					{exits: []string{"fetch"}, phase: corev1.PodPending},
+					{exits: []string{"fetch", "unpack"}, phase: corev1.PodPending},
+					{exits: []string{"fetch", "unpack", "main"}, phase: corev1.PodSucceeded},
+				})
+			})
+			t.Run("native sidecar", func(t *testing.T) {
+				pod := newPod(t, admin, fmt.Sprintf("sidecar-%d", i), fixture{node: virtualNode, phase: corev1.PodRunning, init: []string{"sidecar-proxy"}})
+				assertShapeWrites(t, id, admin, pod, []shapeStep{
+					{exits: []string{"main"}, phase: corev1.PodRunning},
+					{exits: []string{"main", "sidecar-proxy"}, phase: corev1.PodSucceeded},
+				})
 			})
 			t.Run("exit on another node", func(t *testing.T) {
 				pod := pods[0]
@@ -201,6 +223,52 @@ func TestAdmissionPolicy(t *testing.T) {
 				t.Errorf("administrator's write changed nothing")
 			}
 		})
+	}
+}
+
+// shapeStep is one write of a Pod of several containers: the containers
+// whose exits (0, but a sidecar's 143 after SIGTERM) Reaper knows by then,
+// and the phase the Pod must have after it.
+type shapeStep struct {
+	exits []string
+	phase corev1.PodPhase
+}
+
+// assertShapeWrites makes each step's write as Reaper makes it (pkg/kube,
+// as id) and checks it is admitted, leaves the Pod in the step's phase and
+// shows every exit known, with every container's status in spec order.
+func assertShapeWrites(t *testing.T, id identity, admin kubernetes.Interface, pod *corev1.Pod, steps []shapeStep) {
+	t.Helper()
+	for _, step := range steps {
+		outcome := func(now time.Time) model.Outcome {
+			o := model.Outcome{InstanceID: "i-0123456789abcdef0"}
+			for _, c := range step.exits {
+				code := 0
+				if strings.HasPrefix(c, "sidecar") {
+					code = 143
+				}
+				o.Exits = append(o.Exits, model.Exit{Container: c, ExitCode: code, StartedAt: now.Add(-time.Hour), FinishedAt: now, ReceivedAt: now})
+			}
+			slices.SortFunc(o.Exits, func(a, b model.Exit) int { return strings.Compare(a.Container, b.Container) })
+			return o
+		}
+		if res, err := id.apply(t.Context(), pod, outcome); err != nil || res != kube.Patched {
+			t.Fatalf("after %v: Apply = %q, %v; want %q", step.exits, res, err, kube.Patched)
+		}
+		after := getPod(t, admin, pod)
+		if after.Status.Phase != step.phase {
+			t.Errorf("after %v: phase %s, want %s", step.exits, after.Status.Phase, step.phase)
+		}
+		statuses := append(slices.Clone(after.Status.InitContainerStatuses), after.Status.ContainerStatuses...)
+		if len(statuses) != len(pod.Spec.InitContainers)+len(pod.Spec.Containers) {
+			t.Fatalf("after %v: %d statuses for %d containers", step.exits, len(statuses), len(pod.Spec.InitContainers)+len(pod.Spec.Containers))
+		}
+		for _, c := range step.exits {
+			i := slices.IndexFunc(statuses, func(cs corev1.ContainerStatus) bool { return cs.Name == c })
+			if i < 0 || statuses[i].State.Terminated == nil {
+				t.Errorf("after %v: %s not shown ended: %+v", step.exits, c, statuses)
+			}
+		}
 	}
 }
 

@@ -275,6 +275,9 @@ type fixture struct {
 	// ready marks a Running Pod Ready and ContainersReady; otherwise both
 	// are False, as after a failed readiness probe or a restart.
 	ready bool
+	// init are the Pod's init containers, in order, before "main"; those
+	// whose name starts with "sidecar" are native sidecars.
+	init []string
 }
 
 // newPod creates a Pod in the default namespace and brings it to f's
@@ -282,13 +285,21 @@ type fixture struct {
 func newPod(t *testing.T, client kubernetes.Interface, name string, f fixture) *corev1.Pod {
 	t.Helper()
 	ctx := t.Context()
+	spec := corev1.PodSpec{
+		NodeName:      f.node,
+		RestartPolicy: corev1.RestartPolicyNever,
+		Containers:    []corev1.Container{{Name: "main", Image: "busybox"}},
+	}
+	for _, c := range f.init {
+		init := corev1.Container{Name: c, Image: "busybox"}
+		if strings.HasPrefix(c, "sidecar") {
+			init.RestartPolicy = new(corev1.ContainerRestartPolicyAlways)
+		}
+		spec.InitContainers = append(spec.InitContainers, init)
+	}
 	pod, err := client.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: f.labels},
-		Spec: corev1.PodSpec{
-			NodeName:      f.node,
-			RestartPolicy: corev1.RestartPolicyNever,
-			Containers:    []corev1.Container{{Name: "main", Image: "busybox"}},
-		},
+		Spec:       spec,
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -88,7 +88,8 @@ func Terminal(p corev1.PodPhase) bool { return p == corev1.PodSucceeded || p == 
 // The phase is the kubelet's (Phase) over those statuses. Reaper ends
 // Pods and never moves one between live phases, which are the provider's:
 // a phase that is not terminal is written as the Pod has it. An instance
-// gone (o.Lost) ends the Pod whatever its policy: nothing will restart.
+// gone (o.Lost) ends the Pod whatever its policy: nothing will restart;
+// a container the host says it restarts keeps it live.
 func Build(pod *corev1.Pod, o model.Outcome, now time.Time) (status corev1.PodStatus, ok bool) {
 	if Terminal(pod.Status.Phase) {
 		return corev1.PodStatus{}, false
@@ -119,6 +120,12 @@ func Build(pod *corev1.Pod, o model.Outcome, now time.Time) (status corev1.PodSt
 	status.Phase = Phase(&pod.Spec, status.InitContainerStatuses, status.ContainerStatuses, terminal, b.initialized)
 	if o.Lost != nil && !Terminal(status.Phase) {
 		status.Phase = corev1.PodFailed
+	}
+	if b.restarting && o.Lost == nil {
+		// The host restarts a container: the Pod lives on, whatever the
+		// spec's policy says (a host can keep its own Pod live anyway, by
+		// never reporting its end).
+		status.Phase = ""
 	}
 	notReady := ReasonPodCompleted
 	if !Terminal(status.Phase) {
@@ -159,6 +166,9 @@ type builder struct {
 	stageEnd metav1.Time
 	// applied counts the exits of o shown (not already shown later).
 	applied int
+	// restarting: an exit shown says the host restarts its container, one
+	// that is not a sidecar (a sidecar's restarts keep nothing live).
+	restarting bool
 	// completed are the regular init containers a later container's start
 	// proves completed (completedByLater).
 	completed map[string]bool
@@ -202,6 +212,7 @@ func (b *builder) container(c corev1.Container, current []corev1.ContainerStatus
 	started := b.initialized || cs.State.Running != nil || cs.State.Terminated != nil || cs.LastTerminationState.Terminated != nil
 	if e := b.o.ExitOf(c.Name); e != nil && cs.RestartCount <= e.RestartCount+boolInt(e.WillRestart) {
 		b.applied++
+		b.restarting = b.restarting || (e.WillRestart && !sidecar)
 		return exited(cs, *e, b.budget)
 	}
 	switch {
