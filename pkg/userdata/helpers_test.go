@@ -141,6 +141,8 @@ type fakeRun struct {
 	// with StopExit (default 143).
 	UntilStop bool
 	StopExit  int
+	// After: the container runs until the one of this name is created.
+	After string
 }
 
 // writeRun writes the docker double's settings of one run into dir.
@@ -150,7 +152,7 @@ func writeRun(t *testing.T, dir string, r fakeRun) {
 	set("exit", fmt.Sprint(r.Exit))
 	set("oom", fmt.Sprint(r.OOM))
 	for k, v := range map[string]string{"started": r.Started, "finished": r.Finished, "start_error": r.StartError,
-		"run_fail": r.RunFail, "kill": r.Kill, "message": r.Message, "message_path": r.MessagePath, "logs": r.Logs} {
+		"run_fail": r.RunFail, "kill": r.Kill, "message": r.Message, "message_path": r.MessagePath, "logs": r.Logs, "after": r.After} {
 		if v != "" {
 			set(k, v)
 		}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -71,9 +72,21 @@ var goldenCases = []struct {
 	{"podman", podmanPod, Options{Cluster: testCluster, ContainerCLI: "podman"}},
 }
 
+// podGoldenCases are Pods of several containers: the seed's Job (an init
+// container, then the regular one) and two regular containers with two
+// sidecars.
+var podGoldenCases = []struct {
+	name string
+	pod  func() Pod
+	opts Options
+}{
+	{"seed-job", func() Pod { return seedPod(RestartNever) }, Options{Cluster: testCluster, ExitToken: testExitToken}},
+	{"sidecars", func() Pod { return sidecarPod(RestartOnFailure, 45) }, Options{Cluster: testCluster, ExitToken: testExitToken}},
+}
+
 func TestGolden(t *testing.T) {
 	t.Parallel()
-	for _, tc := range goldenCases {
+	for _, tc := range slices.Concat(goldenCases, podGoldenCases) {
 		got, err := Render(tc.pod(), tc.opts)
 		if err != nil {
 			t.Fatal(err)
@@ -105,7 +118,7 @@ func TestShellcheck(t *testing.T) {
 	t.Parallel()
 	bash := map[string]string{}
 	sh := map[string]string{"wrapper": Wrapper(), "wrapper-source": wrapperScript}
-	for _, tc := range goldenCases {
+	for _, tc := range slices.Concat(goldenCases, podGoldenCases) {
 		ud, err := Render(tc.pod(), tc.opts)
 		if err != nil {
 			t.Fatal(err)
@@ -803,5 +816,213 @@ func TestLaunchWhenPodWritten(t *testing.T) {
 	}
 	if !strings.Contains(ls.UserData, "REAPER_POD_WRITTEN_TAG='reaper.io:pod-written'") {
 		t.Errorf("the wrapper's configuration does not name the tag")
+	}
+}
+
+// The user-data of a Pod of several containers, run for real, installs
+// the wrapper (unpacked), the configuration and one environment file per
+// container with an environment, and the installed wrapper runs the Pod.
+func TestUserdataInstallsPod(t *testing.T) {
+	t.Parallel()
+	for _, tc := range podGoldenCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			root, fake := filepath.Join(dir, "root"), filepath.Join(dir, "fake")
+			pod, opts := tc.pod(), tc.opts
+			opts.ExitLogPath = filepath.Join(dir, "log", "exit.log")
+			script, err := Render(pod, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(fake, "events"), "")
+			if status, out := runUserdata(t, script, root, fake); status != 0 {
+				t.Fatalf("user-data exited %d:\n%s", status, out)
+			}
+			conf, _ := WrapperConfig(pod, opts)
+			envs, err := EnvFiles(pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkFile(t, filepath.Join(root, WrapperPath), Wrapper(), 0o755)
+			checkFile(t, filepath.Join(root, ConfigPath), conf, 0o600)
+			for p, env := range envs {
+				if !strings.HasPrefix(p, EnvDir+"/") {
+					t.Errorf("environment file %s, want it under %s", p, EnvDir)
+				}
+				checkFile(t, filepath.Join(root, p), env, 0o600)
+			}
+			if len(envs) == 0 && tc.name == "seed-job" {
+				t.Errorf("no environment files for %s", tc.name)
+			}
+			h := newHarness(t, pod, opts)
+			h.conf = filepath.Join(root, ConfigPath)
+			for _, c := range pod.containers() {
+				h.named("reaper-"+c.Name+"-0", fakeRun{UntilStop: c.kind == kindSidecar})
+			}
+			installed, _ := os.ReadFile(filepath.Join(root, WrapperPath))
+			h.run("sh", string(installed))
+			lines := h.lines()
+			if len(lines) != len(pod.containers()) {
+				t.Errorf("exit lines: %v", lines)
+			}
+			for _, l := range lines {
+				if token, _ := l["token"].(string); token != opts.ExitToken {
+					t.Errorf("exit line token %q, want %q", token, opts.ExitToken)
+				}
+			}
+		})
+	}
+}
+
+// What a Pod of several containers may say, and what it is told.
+func TestValidatePod(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		edit func(*Pod)
+		want string
+	}{
+		{"both forms", func(p *Pod) { p.Image = "x" }, "single-container form"},
+		{"no regular container", func(p *Pod) { p.Containers = nil }, "containers is empty"},
+		{"name twice", func(p *Pod) { p.Containers[0].Name = "downloader" }, `containers[0] (downloader): name "downloader" is used twice`},
+		{"bad name", func(p *Pod) { p.InitContainers[0].Name = "Down" }, `initContainers[0] (Down): name "Down" is not a DNS label`},
+		{"image", func(p *Pod) { p.Containers[0].Image = "" }, "containers[0] (provisioner): image is empty"},
+		{"env", func(p *Pod) { p.InitContainers[0].Env = []EnvVar{{"PEM", "a\nb"}} }, "initContainers[0] (downloader): env[0] (PEM) value contains a line break"},
+		{"init policy", func(p *Pod) { p.InitContainers[0].RestartPolicy = RestartNever }, "an init container takes Always"},
+		{"regular policy", func(p *Pod) { p.Containers[0].RestartPolicy = RestartAlways }, "a regular container follows the Pod's"},
+		{"volume kind", func(p *Pod) { p.Volumes[0].EmptyDir = nil }, "only emptyDir volumes"},
+		{"volume twice", func(p *Pod) { p.Volumes = append(p.Volumes, p.Volumes[0]) }, `name "work" is used twice`},
+		{"unknown volume", func(p *Pod) { p.Containers[0].VolumeMounts[0].Name = "cache" }, `no emptyDir volume "cache"`},
+		{"mount path colon", func(p *Pod) { p.Containers[0].VolumeMounts[0].MountPath = "/a:b" }, `mountPath "/a:b" must be absolute`},
+		{"mount path relative", func(p *Pod) { p.Containers[0].VolumeMounts[0].MountPath = "work" }, `mountPath "work" must be absolute`},
+		{"mount path dotdot", func(p *Pod) { p.Containers[0].VolumeMounts[0].MountPath = "/a/../etc" }, "must be absolute"},
+		{"mounted twice", func(p *Pod) {
+			p.Containers[0].VolumeMounts = append(p.Containers[0].VolumeMounts, VolumeMount{Name: "work", MountPath: "/work/"})
+		}, "mounted twice"},
+		{"message on a mount", func(p *Pod) { p.Containers[0].VolumeMounts[0].MountPath = DefaultTerminationMessagePath }, "mounted twice"},
+		{"message policy", func(p *Pod) { p.Containers[0].TerminationMessagePolicy = "Always" }, "terminationMessagePolicy"},
+		{"message path", func(p *Pod) { p.Containers[0].TerminationMessagePath = "relative" }, "terminationMessagePath"},
+		{"grace", func(p *Pod) { g := int64(-1); p.TerminationGracePeriodSeconds = &g }, "terminationGracePeriodSeconds -1"},
+	} {
+		p := seedPod(RestartNever)
+		tc.edit(&p)
+		_, err := Render(p, Options{Cluster: testCluster})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Render error = %v, want one mentioning %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := Render(seedPod(RestartNever), Options{Cluster: testCluster, PauseImage: "-x"}); err == nil || !strings.Contains(err.Error(), "pause image") {
+		t.Errorf("a bad pause image: %v", err)
+	}
+}
+
+// The configuration of a Pod of several containers: each container in
+// spec order with its kind, its share of the termination messages, the
+// grace, the volumes, and the pause container with the network flags the
+// containers leave to it; with the host's network there is none.
+func TestWrapperConfigPod(t *testing.T) {
+	t.Parallel()
+	pod := sidecarPod(RestartOnFailure, 45)
+	opts := Options{DockerRunArgs: []string{"--gpus", "all", "--network", "my-net"}}
+	conf, err := WrapperConfig(pod, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sourceConf(t, conf, "REAPER_CONTAINERS", "REAPER_C1_KIND", "REAPER_C2_NAME", "REAPER_C3_KIND", "REAPER_C4_MSG",
+		"REAPER_GRACE", "REAPER_MSG_MAX", "REAPER_VOLUMES", "REAPER_PAUSE_IMAGE")
+	equalStrings(t, "configuration", got, []string{"4", "sidecar", "logger", "main", "FallbackToLogsOnError", "45", "3072", "logs", DefaultPauseImage})
+	if !strings.Contains(conf, "--network my-net registry.k8s.io/pause:3.10") {
+		t.Errorf("the pause container does not get the network flags:\n%s", conf)
+	}
+	args, err := ContainerRunArgs(pod, opts, "logger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalStrings(t, "logger's run args", args, []string{
+		"--label", "reaper.io/pod-namespace=web", "--label", "reaper.io/pod-name=api-5d8f7",
+		"--label", "reaper.io/pod-uid=2c3d4e5f-6a7b-4c8d-9e0f-1a2b3c4d5e6f", "--label", "reaper.io/container=logger",
+		"-v", StateDir + "/volumes/logs:/var/log/app:ro", "-v", StateDir + "/c/logger/termination-log:/dev/termination-log",
+		"--network", "container:reaper-pause", "--gpus", "all", "fluent/fluent-bit:3.1",
+	})
+	if a, _ := RunArgs(pod, opts); len(a) == 0 || !slices.Contains(a, "reaper.io/container=api") {
+		t.Errorf("RunArgs gives the first regular container's: %q", a)
+	}
+	if _, err := ContainerRunArgs(pod, opts, "nope"); err == nil {
+		t.Errorf("ContainerRunArgs of an unknown container: no error")
+	}
+
+	host := Options{DockerRunArgs: []string{"--network=host"}, AllowHostNetwork: true}
+	conf, err = WrapperConfig(pod, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(conf, "REAPER_PAUSE") || !strings.Contains(conf, "--network=host") || strings.Contains(conf, "container:reaper-pause") {
+		t.Errorf("with the host's network: no pause container, every container on the host's:\n%s", conf)
+	}
+	if _, err := WrapperConfig(pod, Options{DockerRunArgs: []string{"--network=host"}}); err == nil || !strings.Contains(err.Error(), "AllowHostNetwork") {
+		t.Errorf("host network without AllowHostNetwork: %v", err)
+	}
+	// One container in the spec form: no pause container, its files in the
+	// state directory itself, a termination message.
+	one := seedPod(RestartNever)
+	one.InitContainers = nil
+	a, err := RunArgs(one, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := strings.Join(a, " "); strings.Contains(j, "--network") || !strings.Contains(j, "-v "+StateDir+"/termination-log:/dev/termination-log") ||
+		!strings.Contains(j, "--env-file "+EnvFilePath) {
+		t.Errorf("run args of a Pod of one container: %s", j)
+	}
+}
+
+// sourceConf reads the configuration with sh, as the wrapper does.
+func sourceConf(t *testing.T, conf string, vars ...string) []string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "workload.conf")
+	writeFile(t, p, conf)
+	script := `. "$1"`
+	for _, v := range vars {
+		script += `; printf '%s\n' "$` + v + `"`
+	}
+	out, err := exec.Command("sh", "-u", "-c", script, "sh", p).Output()
+	if err != nil {
+		t.Fatalf("sh reading the configuration: %v", err)
+	}
+	return strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+}
+
+// The user-data sizes, for the record, and a Pod too large for EC2 even
+// gzip-compressed: Render and Launch say what to shrink.
+func TestPodUserdataSize(t *testing.T) {
+	t.Parallel()
+	for _, tc := range podGoldenCases {
+		ls, err := Launch(tc.pod(), tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := base64.StdEncoding.DecodeString(ls.UserDataBase64)
+		t.Logf("%s: user-data %d bytes, %d sent", tc.name, len(ls.UserData), len(raw))
+		if len(raw) > MaxUserDataBytes {
+			t.Errorf("%s: %d bytes", tc.name, len(raw))
+		}
+	}
+	pod := sidecarPod(RestartNever, 30)
+	noise := make([]byte, 3000)
+	for i := range pod.Containers {
+		_, _ = rand.Read(noise)
+		pod.Containers[i].Env = []EnvVar{{"NOISE", hex.EncodeToString(noise)}}
+	}
+	for _, i := range []int{0, 1} {
+		_, _ = rand.Read(noise)
+		pod.InitContainers[i].Args = []string{hex.EncodeToString(noise)}
+	}
+	_, errRender := Render(pod, Options{Cluster: testCluster})
+	_, errLaunch := Launch(pod, Options{Cluster: testCluster})
+	for name, err := range map[string]error{"Render": errRender, "Launch": errLaunch} {
+		if err == nil || !strings.Contains(err.Error(), "gzip-compressed, over EC2's 16384") || !strings.Contains(err.Error(), "of its 4 containers") {
+			t.Errorf("%s of a Pod too large: %v", name, err)
+		}
 	}
 }

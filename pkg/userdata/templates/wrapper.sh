@@ -329,6 +329,7 @@ await() {
 running() {
 	printf '%s\n' "$cid" >"$cs/cid"
 	: >"$cs/up"
+	: >"$cs/run"
 	[ -e "$cs/stop" ] && "$REAPER_CLI" stop -t "$REAPER_GRACE" "$cid" >/dev/null 2>&1
 	return 0
 }
@@ -349,13 +350,13 @@ message() {
 	[ -s "$f" ] && tail -c "$max" "$f" | json_tail "$max"
 }
 
-# others WILL: whether other containers of the Pod still run or are still
-# to start after the current run's line (the line's othersRunning). Called
+# others: whether other containers of the Pod still run or are still to
+# start after the current run's line (the line's othersRunning). Called
 # under the lock; a final exit of a failed init container, or of the last
-# regular container, marks the Pod ending: from then on only the containers
-# that started count.
+# regular container, marks the Pod ending: from then on nothing starts or
+# restarts, and only the containers running count.
 others() {
-	if [ "$1" = false ]; then
+	if [ "$will" = false ]; then
 		case $ckind in
 		init) [ "$x_code" -ne 0 ] && : >"$state/ending" ;;
 		main)
@@ -372,16 +373,23 @@ others() {
 	while [ "$j" -le "$REAPER_CONTAINERS" ]; do
 		d=$(cdir "$j")
 		if [ "$j" -ne "$ci" ] && [ ! -e "$d/done" ]; then
-			[ ! -e "$state/ending" ] || [ -e "$d/up" ] && return 0
+			[ ! -e "$state/ending" ] || [ -e "$d/run" ] && return 0
 		fi
 		j=$((j + 1))
 	done
 	return 1
 }
 
-# emit WILL [BACKOFF]: appends the exit line for the current run. A final
-# line (WILL false) marks the container done; the Pod's last line also
-# notes, for the power-off, where it ends in the exit log.
+# settle: a sidecar is not restarted once the Pod ends (or stops it).
+# Decided under the lock, with the other containers' lines.
+settle() {
+	if [ "$ckind" = sidecar ] && { [ -e "$cs/stop" ] || [ -e "$state/ending" ]; }; then will=false; fi
+}
+
+# emit BACKOFF: appends the exit line for the current run, restarted after
+# BACKOFF seconds if will is true. A final line (will false) marks the
+# container done; the Pod's last line also notes, for the power-off, where
+# it ends in the exit log.
 emit() {
 	# Reaper rejects a line without the instance id: try for a while.
 	n=0
@@ -394,16 +402,17 @@ emit() {
 	if [ "$x_code" -gt 128 ] && [ "$x_code" -lt 160 ]; then sig=$(signame $((x_code - 128))); fi
 	msg=$(message)
 	lock
+	settle
 	more=false
-	others "$1" && more=true
+	others && more=true
 	line="{\"reaper\":\"container-exit\",\"v\":1,\"instanceId\":$(json_str "$iid"),$REAPER_POD_JSON"
 	line="$line,\"container\":$(json_str "$cname"),\"restartCount\":$restarts"
 	line="$line,\"containerId\":$(json_str "$cid"),\"exitCode\":$x_code,\"oomKilled\":$x_oom"
 	line="$line,\"startedAt\":$(json_str "$x_started"),\"finishedAt\":$(json_str "$x_finished")"
-	line="$line,\"willRestart\":$1,\"runtimeRestarted\":$rr"
+	line="$line,\"willRestart\":$will,\"runtimeRestarted\":$rr"
 	[ "$more" = true ] && line="$line,\"othersRunning\":true"
 	[ -n "$sig" ] && line="$line,\"signal\":\"$sig\""
-	[ -n "${2:-}" ] && line="$line,\"backoffSeconds\":$2"
+	[ "$will" = true ] && line="$line,\"backoffSeconds\":$1"
 	[ -n "$err" ] && line="$line,\"error\":$(json_str "$(printf '%s' "$err" | cut -c1-400)")"
 	[ -n "$msg" ] && [ "$msg" != '""' ] && line="$line,\"message\":$msg"
 	line="$line}"
@@ -417,7 +426,7 @@ emit() {
 	# One write per line, under the lock: lines never interleave.
 	if ! printf '%s\n' "$record" >>"$REAPER_EXIT_LOG"; then
 		log "cannot append to $REAPER_EXIT_LOG"
-	elif [ "$1" = false ] && [ "$more" = false ] && [ "$REAPER_SHUTDOWN_MODE" = when-shipped ]; then
+	elif [ "$will" = false ] && [ "$more" = false ] && [ "$REAPER_SHUTDOWN_MODE" = when-shipped ]; then
 		# An offset past the file's end belongs to an earlier file of that
 		# name (recreated, or left in the AMI): it would prove nothing.
 		if [ "$v0" -gt "$s0" ]; then
@@ -427,7 +436,7 @@ emit() {
 			[ "$ship_end" -gt "$s0" ] || ship_end=
 		fi
 	fi
-	if [ "$1" = false ]; then
+	if [ "$will" = false ]; then
 		: >"$cs/done"
 		[ "$more" = false ] && printf '%s\n' "$ship_end" >"$state/ship_end"
 	fi
@@ -435,17 +444,19 @@ emit() {
 	log "exit line: $line"
 }
 
-# told WILL: settles a run whose line a killed wrapper wrote already: a
-# final one marks the container done, and the Pod's last one the place the
+# told: settles a run whose line a killed wrapper wrote already: a final
+# one marks the container done, and the Pod's last one the place the
 # power-off waits for (the exit log's end).
 told() {
-	[ "$1" = false ] || return 0
 	lock
-	if ! others false; then
-		shipping
-		printf '%s\n' "$ship_end" >"$state/ship_end"
+	settle
+	if [ "$will" = false ]; then
+		if ! others; then
+			shipping
+			printf '%s\n' "$ship_end" >"$state/ship_end"
+		fi
+		: >"$cs/done"
 	fi
-	: >"$cs/done"
 	unlock
 }
 
@@ -510,6 +521,7 @@ supervise() {
 			2) fatal="container runtime did not come back within ${runtime_timeout}s" ;;
 			esac
 		fi
+		rm -f "$cs/run"
 		if [ -n "$fatal" ]; then
 			err=$fatal rr=false x_code=-1 x_oom=false x_started=$zero x_finished=$(now)
 		fi
@@ -538,23 +550,28 @@ supervise() {
 		fi
 		# The count of the next run goes to disk before this run's line.
 		echo $((restarts + 1)) >"$cs/restarts"
-		if [ "$will" = false ]; then
-			if [ -n "$known" ]; then told false; else emit false; fi
-			return 0
-		fi
-
 		# kubelet: a container that ran 10 minutes starts over at the initial delay.
-		[ "$(elapsed "$x_started" "$x_finished")" -ge 600 ] && backoff=10
-		[ -n "$known" ] || emit true "$backoff"
+		[ "$will" = true ] && [ "$(elapsed "$x_started" "$x_finished")" -ge 600 ] && backoff=10
+		if [ -n "$known" ]; then told; else emit "$backoff"; fi
+		[ "$will" = false ] && return 0
 		if [ -n "$cid" ]; then
 			"$REAPER_CLI" rm -f "$cid" >/dev/null 2>&1 || log "could not remove $cid"
 		fi
 		restarts=$((restarts + 1))
 		log "restarting $cname in ${backoff}s (restart $restarts)"
-		nap "$backoff"
+		if [ "$ckind" = sidecar ]; then
+			# The Pod may end meanwhile: a sidecar then stays down.
+			n=0
+			while [ "$n" -lt "$backoff" ] && [ ! -e "$state/ending" ]; do
+				nap 1
+				n=$((n + 1))
+			done
+			[ -e "$state/ending" ] && return 0
+		else
+			nap "$backoff"
+		fi
 		backoff=$((backoff * 2))
 		[ "$backoff" -gt 300 ] && backoff=300
-		[ -e "$cs/stop" ] && return 0
 	done
 }
 
@@ -587,14 +604,10 @@ stop_sidecars() {
 		left=$((deadline - $(date +%s)))
 		[ "$left" -lt 2 ] && left=2
 		cid=$(cat "$cs/cid" 2>/dev/null) || cid=
-		if ! kill -0 "$pid" 2>/dev/null; then
-			:
-		elif [ -n "$cid" ] && inspect "$cid" && [ "$st_status" = running ]; then
+		# Between two runs its loop ends by itself, within a second.
+		if [ -e "$cs/run" ] && [ -n "$cid" ] && kill -0 "$pid" 2>/dev/null; then
 			log "stopping sidecar $cname (grace ${left}s)"
 			"$REAPER_CLI" stop -t "$left" "$cid" >/dev/null 2>&1 || log "could not stop $cid"
-		else
-			# Between two runs: its loop would sleep out the backoff first.
-			kill "$pid" 2>/dev/null
 		fi
 		wait "$pid"
 	done
@@ -674,8 +687,11 @@ if [ -e "$state/terminal" ]; then
 	shipping
 	reap_host
 fi
-# No loop runs yet: a lock is a killed wrapper's.
+# No loop runs yet: a lock, or a container noted as running or up, is a
+# killed wrapper's. Each loop notes its own again once it has adopted its
+# container, and the next container waits for a sidecar's.
 rmdir "$state/lock" 2>/dev/null
+rm -f "$state/run" "$state/up" "$state"/c/*/run "$state"/c/*/up
 iid=
 tries=0
 until instance_id || [ "$tries" -ge 5 ]; do
