@@ -255,20 +255,13 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 }
 
 func (p *provider) launch(ctx context.Context, pod *corev1.Pod) (string, error) {
-	if len(pod.Spec.Containers) != 1 || len(pod.Spec.InitContainers) != 0 {
-		return "", errdefs.InvalidInput("one instance runs exactly one container")
-	}
-	c := pod.Spec.Containers[0]
-	up := userdata.Pod{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), Container: c.Name,
-		Image: c.Image, Command: c.Command, Args: c.Args, RestartPolicy: string(pod.Spec.RestartPolicy)}
-	for _, e := range c.Env {
-		if e.ValueFrom == nil {
-			up.Env = append(up.Env, userdata.EnvVar{Name: e.Name, Value: e.Value})
-		}
+	up, err := hostPod(pod)
+	if err != nil {
+		return "", errdefs.AsInvalidInput(fmt.Errorf("%s/%s cannot run on an instance: %w", pod.Namespace, pod.Name, err))
 	}
 	ls, err := userdata.Launch(up, userdata.Options{Cluster: p.cfg.Cluster, ClusterUID: p.cfg.ClusterUID})
 	if err != nil {
-		return "", errdefs.AsInvalidInput(err)
+		return "", errdefs.AsInvalidInput(fmt.Errorf("%s/%s cannot run on an instance: %w", pod.Namespace, pod.Name, err))
 	}
 	tags := make([]ec2types.Tag, 0, len(ls.Tags))
 	for k, v := range ls.Tags {
@@ -298,6 +291,76 @@ func (p *provider) launch(ctx context.Context, pod *corev1.Pod) (string, error) 
 		return "", fmt.Errorf("launch instance for %s/%s: %d instances", pod.Namespace, pod.Name, len(out.Instances))
 	}
 	return aws.ToString(out.Instances[0].InstanceId), nil
+}
+
+// hostPod maps the Pod's spec to what the host runs: init containers
+// (sidecars among them), containers, the restart policy, the grace,
+// emptyDir volumes and their mounts, termination messages, and each
+// container's command, args and literal environment. What the host cannot
+// do as the spec says is refused, every problem at once, rather than run
+// differently: other volume kinds, a memory-backed emptyDir, subPath
+// mounts, volume devices, ephemeral containers, the host's network, and
+// environment from references (valueFrom, envFrom), which the provider
+// does not resolve. The error becomes the Pod's ProviderCreateFailed
+// event.
+func hostPod(pod *corev1.Pod) (userdata.Pod, error) {
+	var errs []error
+	up := userdata.Pod{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID),
+		RestartPolicy: string(pod.Spec.RestartPolicy), TerminationGracePeriodSeconds: pod.Spec.TerminationGracePeriodSeconds}
+	if len(pod.Spec.EphemeralContainers) > 0 {
+		errs = append(errs, errors.New("ephemeral containers are not supported"))
+	}
+	if pod.Spec.HostNetwork {
+		errs = append(errs, errors.New("hostNetwork would give the workload the instance role's credentials"))
+	}
+	for _, v := range pod.Spec.Volumes {
+		switch {
+		case v.EmptyDir == nil:
+			errs = append(errs, fmt.Errorf("volume %s: only emptyDir volumes are supported", v.Name))
+		case v.EmptyDir.Medium != corev1.StorageMediumDefault:
+			errs = append(errs, fmt.Errorf("volume %s: emptyDir medium %q is not supported (the host's disk only)", v.Name, v.EmptyDir.Medium))
+		default:
+			up.Volumes = append(up.Volumes, userdata.Volume{Name: v.Name, EmptyDir: &userdata.EmptyDir{}})
+		}
+	}
+	container := func(field string, c corev1.Container) userdata.Container {
+		hc := userdata.Container{Name: c.Name, Image: c.Image, Command: c.Command, Args: c.Args,
+			TerminationMessagePath: c.TerminationMessagePath, TerminationMessagePolicy: string(c.TerminationMessagePolicy)}
+		if c.RestartPolicy != nil {
+			hc.RestartPolicy = string(*c.RestartPolicy)
+		}
+		if len(c.EnvFrom) > 0 {
+			errs = append(errs, fmt.Errorf("%s (%s): envFrom is not supported", field, c.Name))
+		}
+		for _, e := range c.Env {
+			if e.ValueFrom != nil {
+				errs = append(errs, fmt.Errorf("%s (%s): env %s comes from a reference (valueFrom), which is not supported", field, c.Name, e.Name))
+				continue
+			}
+			hc.Env = append(hc.Env, userdata.EnvVar{Name: e.Name, Value: e.Value})
+		}
+		for _, m := range c.VolumeMounts {
+			if m.SubPath != "" || m.SubPathExpr != "" {
+				errs = append(errs, fmt.Errorf("%s (%s): volume mount %s with a subPath is not supported", field, c.Name, m.Name))
+				continue
+			}
+			hc.VolumeMounts = append(hc.VolumeMounts, userdata.VolumeMount{Name: m.Name, MountPath: m.MountPath, ReadOnly: m.ReadOnly})
+		}
+		if len(c.VolumeDevices) > 0 {
+			errs = append(errs, fmt.Errorf("%s (%s): volume devices are not supported", field, c.Name))
+		}
+		return hc
+	}
+	for i, c := range pod.Spec.InitContainers {
+		up.InitContainers = append(up.InitContainers, container(fmt.Sprintf("initContainers[%d]", i), c))
+	}
+	for i, c := range pod.Spec.Containers {
+		up.Containers = append(up.Containers, container(fmt.Sprintf("containers[%d]", i), c))
+	}
+	if err := up.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return up, errors.Join(errs...)
 }
 
 // instanceOf returns the Pod's instance, from memory or else from
