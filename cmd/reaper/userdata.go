@@ -32,9 +32,15 @@ func (l *userdataList) Set(v string) error { *l = append(*l, v); return nil }
 const userdataUsage = `usage: reaper userdata -cluster NAME [-f pod.json] [flags]
 
 Renders what a provider puts on the instance of one Pod. The Pod comes from
--f (a JSON object with the fields of userdata.Pod: namespace, name, uid,
-container, image, command, args, env [{name, value}], restartPolicy; "-" reads
-stdin), and/or from flags, which override the file. -cluster names the Pod's
+-f (a JSON object with the fields of userdata.Pod; "-" reads stdin), and/or
+from flags, which override the file. One container: container, image,
+command, args, env [{name, value}], restartPolicy (the flags set these). A
+Pod as its spec gives it: initContainers and containers (each with name,
+image, command, args, env, restartPolicy "Always" for a sidecar,
+volumeMounts [{name, mountPath, readOnly}], terminationMessagePath,
+terminationMessagePolicy), volumes [{name, emptyDir: {}}],
+terminationGracePeriodSeconds, restartPolicy. -o run-args prints the first
+regular container's arguments. -cluster names the Pod's
 cluster (REAPER_CLUSTER of its Reaper deployment); userdata, tags and launch
 need it. -cluster-uid adds the cluster identity tag: the UID of the cluster's
 kube-system namespace. Reaper treats an instance as an orphan only when that
@@ -118,6 +124,8 @@ func runUserdata(_ context.Context, args []string) error {
 		"when the host powers off after the final exit: "+userdata.ShutdownWhenShipped+", "+userdata.ShutdownWhenPodWritten+" or "+userdata.ShutdownAfterDelay+" (see above)")
 	fs.DurationVar(&opts.ShutdownDelay, "shutdown-delay", userdata.DefaultShutdownDelay, "power off this long after the final exit at the latest, if still running")
 	fs.Var(&runArgs, "docker-run-arg", "extra docker run argument (repeat, e.g. -docker-run-arg=--gpus -docker-run-arg=all)")
+	fs.StringVar(&opts.PauseImage, "pause-image", userdata.DefaultPauseImage,
+		"image of the container whose network a Pod's containers share (a Pod of several containers)")
 	fs.BoolVar(&opts.AllowHostNetwork, "allow-host-network", false,
 		"allow -docker-run-arg=--network=host (or --net host): the workload then gets the instance role's credentials from IMDS")
 	fs.StringVar(&tagManaged, "tag-key-managed", model.DefaultTagManaged, "tag key marking managed instances")

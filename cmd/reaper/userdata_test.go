@@ -354,3 +354,36 @@ func shellcheckScripts(t *testing.T, shell string, scripts map[string]string) {
 		t.Errorf("shellcheck -s %s found problems (%v):\n%s", shell, err, out)
 	}
 }
+
+// A Pod of several containers, from its JSON: the configuration, read by
+// sh as the wrapper reads it, carries each container in spec order, and
+// the user-data passes shellcheck.
+func TestUserdataCLIPodOfSeveral(t *testing.T) {
+	pod := `{"namespace": "batch", "name": "provision-8fj2k", "uid": "7a2b3c4d-5e6f-4a8b-9c0d-1e2f3a4b5c6d", "restartPolicy": "Never",
+		"volumes": [{"name": "work", "emptyDir": {}}],
+		"initContainers": [{"name": "downloader", "image": "fetch:2", "volumeMounts": [{"name": "work", "mountPath": "/work"}]}],
+		"containers": [{"name": "provisioner", "image": "provision:3", "env": [{"name": "MODE", "value": "full"}],
+			"volumeMounts": [{"name": "work", "mountPath": "/work", "readOnly": true}], "terminationMessagePolicy": "FallbackToLogsOnError"}]}`
+	file := filepath.Join(t.TempDir(), "pod.json")
+	if err := os.WriteFile(file, []byte(pod), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := runUserdataCLI(t, "-o", "config", "-f", file, "-pause-image", "registry.example.com/pause:3.10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sourceConfig(t, conf, "REAPER_CONTAINERS", "REAPER_C1_NAME", "REAPER_C1_KIND", "REAPER_C2_NAME", "REAPER_C2_MSG", "REAPER_VOLUMES", "REAPER_PAUSE_IMAGE")
+	if want := []string{"2", "downloader", "init", "provisioner", "FallbackToLogsOnError", "work", "registry.example.com/pause:3.10"}; !slices.Equal(got, want) {
+		t.Errorf("configuration read by sh: %q, want %q", got, want)
+	}
+	ud, err := runUserdataCLI(t, "-o", "userdata", "-cluster", "prod-eu-1", "-f", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shellcheckScripts(t, "bash", map[string]string{"user-data": ud})
+	shellcheckScripts(t, "sh", map[string]string{"workload.conf": conf})
+	if _, err := runUserdataCLI(t, "-o", "userdata", "-cluster", "prod-eu-1", "-f", file, "-image", "x"); err == nil ||
+		!strings.Contains(err.Error(), "single-container form") {
+		t.Errorf("-image with containers in the file: %v, want a refusal", err)
+	}
+}
