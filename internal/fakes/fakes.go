@@ -169,7 +169,10 @@ type World struct {
 	Pods map[model.PodRef]bool // existing Pods
 	// Live are existing Pods with their spec and status, which ReadMany
 	// reads and ApplyTo writes, for Pods of several containers.
-	Live      map[model.PodRef]*corev1.Pod
+	Live map[model.PodRef]*corev1.Pod
+	// ReadFails, when set, fails every ReadMany, as an apiserver that
+	// cannot be reached.
+	ReadFails error
 	Instances map[string]instances.Instance
 	Log       []string // "pod ns/name exit/0", "terminate [i-…]"
 	Describes [][]string
@@ -239,6 +242,9 @@ func NewWorld(insts ...instances.Instance) *World {
 func (w *World) ReadMany(_ context.Context, refs []model.PodRef) (map[model.PodRef]kube.Snapshot, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.ReadFails != nil {
+		return nil, w.ReadFails
+	}
 	out := make(map[model.PodRef]kube.Snapshot, len(refs))
 	for _, ref := range refs {
 		out[ref] = kube.Snapshot{Ref: ref, Result: kube.PodGone}

@@ -247,3 +247,51 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// The lines of two containers of one Pod, each at restart count 0, in one
+// payload are two claims: neither hides the other. The same container's
+// line again is still one.
+func TestFromLogsEventContainers(t *testing.T) {
+	init := strings.Replace(good, `"container":"main"`, `"container":"setup","othersRunning":true`, 1)
+	ev, err := Encode(events.CloudwatchLogsData{
+		MessageType: "DATA_MESSAGE", LogGroup: "/reaper/exits", LogStream: "i-0123456789abcdef0",
+		LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Message: init}, {ID: "2", Message: good}, {ID: "3", Message: init}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := FromLogsEvent(ev, received)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var containers []string
+	for _, l := range b.Lines {
+		containers = append(containers, l.Container)
+	}
+	if slices.Sort(containers); !slices.Equal(containers, []string{"main", "setup"}) {
+		t.Fatalf("lines of containers %v, want main and setup once each", containers)
+	}
+	for _, l := range b.Lines {
+		if _, exit := l.Claim(); exit.OthersRunning != (l.Container == "setup") {
+			t.Fatalf("%s: othersRunning %v not carried", l.Container, exit.OthersRunning)
+		}
+	}
+}
+
+// A termination message is the workload's own text: any bytes up to the
+// kubelet's bound for one container are carried as they are, and a longer
+// one is refused, never cut, as every field a host writes.
+func TestMessageBound(t *testing.T) {
+	line := func(message string) string {
+		b, _ := json.Marshal(message)
+		return strings.Replace(good, `"restartCount":0`, `"restartCount":0,"message":`+string(b), 1)
+	}
+	atBound := strings.Repeat("é", MaxMessageBytes/2)
+	l, err := Parse([]byte(line(atBound)))
+	if _, exit := l.Claim(); err != nil || exit.Message != atBound {
+		t.Fatalf("a message of %d bytes: %v", len(atBound), err)
+	}
+	if _, err := Parse([]byte(line(atBound + "x"))); err == nil || !strings.Contains(err.Error(), "message is") {
+		t.Fatalf("a message of %d bytes: %v, want refused", len(atBound)+1, err)
+	}
+}

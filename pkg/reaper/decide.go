@@ -78,6 +78,11 @@ type Plan struct {
 	// for its Pod before then), EC2's refusal to terminate it (asked again
 	// then), or the end of a power-off grace (End.At).
 	WaitUntil time.Time
+	// SidecarsDue is when the Pod's sidecars, still running once every
+	// regular container ended for good, are taken as lost unless they
+	// reported by then: the record is looked at again then, with its Pod
+	// read (a wake-up).
+	SidecarsDue time.Time
 	// DueSince is when the work the plan asks for fell due: the sweep
 	// queues a record again only when its work fell due after the last
 	// batch wrote it, or long ago.
@@ -113,6 +118,7 @@ func Decide(rec ledger.Record, ec2 *instances.Instance, pod *corev1.Pod, now tim
 	if !v.waitUntil.IsZero() {
 		plan.WaitUntil, plan.Why = v.waitUntil, v.waitWhy
 	}
+	plan.SidecarsDue = v.sidecarsDue
 	if stillRunning(rec, ec2) {
 		plan.End, plan.EndUnwritten = End{Now: true}, End{Now: true}
 		plan.DueSince, plan.Why = rec.Terminated.Add(terminateTakes), "still running after its terminate"
@@ -164,6 +170,8 @@ type podView struct {
 	// stop once the regular containers ended; waitWhy says which.
 	waitUntil time.Time
 	waitWhy   string
+	// sidecarsDue is when the sidecars' grace ends.
+	sidecarsDue time.Time
 }
 
 // viewPod is the one reading of a record's container runs against the
@@ -187,7 +195,7 @@ func viewPod(rec ledger.Record, pod *corev1.Pod, now time.Time, p Policy) podVie
 		if at, ok := podstatus.RegularsEnded(&pod.Spec, o); ok {
 			deadline := at.Add(terminationGrace(pod))
 			if now.Before(deadline) {
-				v.waitUntil, v.waitWhy = deadline, "sidecars' termination grace"
+				v.waitUntil, v.waitWhy, v.sidecarsDue = deadline, "sidecars' termination grace", deadline
 			} else {
 				o.SidecarsLost, v.ended, v.endedAt = true, true, deadline
 			}

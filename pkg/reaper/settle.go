@@ -292,14 +292,20 @@ const WakeGrid = 5 * time.Second
 // sendWakeUps has the record of each instance left its power-off grace
 // looked at again just after the grace ends, on the next step of
 // WakeGrid: its instance is then terminated unless EC2 reported it gone
-// by then. The sweep would find it too, up to a sweep later.
+// by then; and the record of each Pod whose sidecars were left their
+// grace, once it ends (Plan.SidecarsDue). The sweep would find them too,
+// up to a sweep later.
 func (b *batchRun) sendWakeUps(ctx context.Context) {
 	byDelay := map[time.Duration][]workqueue.Message{}
 	for _, e := range b.entries {
-		if e.end.At.IsZero() || e.stopped() {
+		at := e.end.At
+		if at.IsZero() && e.view != nil {
+			at = e.plan.SidecarsDue
+		}
+		if at.IsZero() || e.stopped() {
 			continue
 		}
-		delay := wakeDelay(b.Now(), e.end.At)
+		delay := wakeDelay(b.Now(), at)
 		byDelay[delay] = append(byDelay[delay], workqueue.Sweep(e.id))
 	}
 	for delay, msgs := range byDelay {

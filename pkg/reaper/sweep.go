@@ -278,12 +278,16 @@ func (r *Reaper) unfinished(records map[string]ledger.Record, managed map[string
 			continue
 		}
 		// The sweep reads no Pod: without the spec, the phase the Pod was
-		// written with, or the host's word, says whether it ended.
+		// written with, or the host's word, says whether it ended. A
+		// record still pending with nothing the sweep can see to do or to
+		// wait for (what it waits for needs the spec, such as its
+		// sidecars' grace) is handed back once stale: the reconciler reads
+		// its Pod.
 		plan := Decide(rec, listed, nil, now, r.Policy)
 		if !plan.WaitUntil.IsZero() {
 			sum.WaitingExit++
 		}
-		if plan.Pod == nil && !plan.End.Now {
+		if plan.Pod == nil && !plan.End.Now && (!plan.WaitUntil.IsZero() || now.Sub(rec.UpdatedAt) < requeueAfter) {
 			continue
 		}
 		if !fresh[rec.InstanceID] && now.Sub(rec.UpdatedAt) < requeueAfter && !plan.DueSince.After(rec.UpdatedAt) {
