@@ -753,10 +753,7 @@ func (o Options) pathErrors() []error {
 	if o.MaxRestarts < 0 {
 		errs = append(errs, fmt.Errorf("max restarts %d is negative", o.MaxRestarts))
 	}
-	for _, err := range containerErrors("pause ", Container{Image: o.PauseImage}) {
-		errs = append(errs, err)
-	}
-	return errs
+	return append(errs, containerErrors("pause ", Container{Image: o.PauseImage})...)
 }
 
 // shutdownErrors checks the shutdown mode and what it needs.
