@@ -47,8 +47,8 @@ type ExitSummary struct {
 	// record.
 	Recorded int `json:"recorded"`
 	// Queued counts the exit claims handed to the reconciler, which checks
-	// them against the instance's tags: one per Pod and token the lines
-	// name, less those the queue did not take.
+	// them against the instance's tags: one per Pod, container and token
+	// the lines name, less those the queue did not take.
 	Queued   int `json:"queued"`
 	Rejected int `json:"rejected"`
 	// RejectedFor counts the rejected lines by reason.
@@ -90,8 +90,9 @@ func (in *Intake) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsE
 	return in.HandleExits(ctx, batch)
 }
 
-// HandleExits hands the reconciler the latest exit line of each Pod the
-// batch's lines name, one for each token they carry, as a claim to check
+// HandleExits hands the reconciler the latest exit line of each container
+// of each Pod the batch's lines name, one for each token they carry, as a
+// claim to check
 // against the instance's launch tags. Bad lines are logged and counted, never fatal to the batch. An
 // error returned here (any claim could not be queued) fails the
 // invocation: Lambda retries it, and then keeps the event in the
@@ -115,17 +116,18 @@ func (in *Intake) HandleExits(ctx context.Context, b exitline.Batch) (sum ExitSu
 	if len(b.Lines) == 0 {
 		return sum, nil
 	}
-	// One claim per Pod and token: a forged line naming another Pod, or
-	// carrying another token than the instance's, cannot hide the real
-	// one, whatever its restart count. The status is derived from a Pod's
-	// latest exit alone (restart counts order them). The token goes no
+	// One claim per Pod, container and token: a forged line naming
+	// another Pod, or carrying another token than the instance's, cannot
+	// hide the real one, whatever its restart count, nor one container's
+	// line another's. A container's status is derived from its latest
+	// exit alone (its restart counts order them). The token goes no
 	// further: the claim carries its hash, which the instance's tag must
 	// equal.
-	type claimant struct{ uid, tokenHash string }
+	type claimant struct{ uid, container, tokenHash string }
 	claimants := make([]claimant, len(b.Lines))
 	latest := map[claimant]int{}
 	for i, l := range b.Lines {
-		claimants[i] = claimant{l.PodUID, l.TokenHash()}
+		claimants[i] = claimant{l.PodUID, l.Container, l.TokenHash()}
 		latest[claimants[i]] = i
 	}
 	msgs := make([]workqueue.Message, 0, len(latest))

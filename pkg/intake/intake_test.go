@@ -69,6 +69,29 @@ func TestHandleExitsQueues(t *testing.T) {
 	}
 }
 
+// The lines of two containers of one Pod, at the same restart count, in
+// one payload, are two claims: a main container's end and its sidecar's
+// ship together, and neither may hide the other. Each container's latest
+// line is its claim.
+func TestHandleExitsContainers(t *testing.T) {
+	q := &fakes.Queue{}
+	in := &intake.Intake{Queue: q, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: testNow}
+	main, sidecar, sidecarAgain := line(1, 0, false), line(1, 0, true), line(1, 1, false)
+	main.OthersRunning = true
+	sidecar.Container, sidecarAgain.Container = "sidecar-proxy", "sidecar-proxy"
+	sum, err := in.HandleExits(t.Context(), exitline.Batch{InstanceID: fakes.InstanceID(1), Lines: []exitline.Line{main, sidecar, sidecarAgain}})
+	if err != nil || sum.Recorded != 3 || sum.Queued != 2 {
+		t.Fatalf("summary %+v, %v: want 2 claims queued", sum, err)
+	}
+	claims := map[string]int32{}
+	for _, m := range q.Sent[0].Msgs {
+		claims[m.Exit.Container] = m.Exit.RestartCount
+	}
+	if len(claims) != 2 || claims["main"] != 0 || claims["sidecar-proxy"] != 1 {
+		t.Fatalf("claims %v, want main's and the sidecar's latest", claims)
+	}
+}
+
 // A state change goes to the queue as it came.
 func TestHandleStateChangeQueues(t *testing.T) {
 	q := &fakes.Queue{}
