@@ -97,6 +97,11 @@ type Record struct {
 	// Pod gone) once PodSynced was written, as decided then; nil on a
 	// record no version of this field wrote.
 	PodEnded *bool `dynamodbav:"podEnded,omitempty" json:"podEnded,omitempty"`
+	// PodEndedAt is when Reaper learned what ended the Pod (the receipt of
+	// the exit that ended it), set once, when the Pod is first written
+	// ended: its instance's power-off grace runs from it, and no line
+	// that comes after moves it.
+	PodEndedAt time.Time `dynamodbav:"podEndedAt,omitempty" json:"podEndedAt,omitempty"`
 	// PodSyncedAt is when PodSynced was last written: a host that powers
 	// off once its Pod is written is given its power-off grace from then.
 	PodSyncedAt time.Time `dynamodbav:"podSyncedAt,omitempty" json:"podSyncedAt,omitempty"`
@@ -376,8 +381,10 @@ type Done struct {
 	// PodSynced is the outcome key the Pod now carries ("" = unchanged).
 	PodSynced string
 	// PodEnded, with PodSynced, says whether the Pod has ended with it
-	// (Record.PodEnded).
-	PodEnded bool
+	// (Record.PodEnded), and PodEndedAt since when (Record.PodEndedAt,
+	// kept if set).
+	PodEnded   bool
+	PodEndedAt time.Time
 	// Terminated is set when the instance was terminated (or found gone).
 	Terminated bool
 	// Refused is EC2's error code when it refused to terminate the
@@ -411,6 +418,9 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 		update = update.Set(expression.Name("podSynced"), expression.Value(d.PodSynced)).
 			Set(expression.Name("podEnded"), expression.Value(d.PodEnded)).
 			Set(expression.Name("podSyncedAt"), expression.Value(timeAV(now)))
+		if d.PodEnded && !d.PodEndedAt.IsZero() {
+			update = update.Set(expression.Name("podEndedAt"), expression.Name("podEndedAt").IfNotExists(expression.Value(timeAV(d.PodEndedAt))))
+		}
 	}
 	if d.Terminated {
 		update = update.Set(expression.Name("terminated"), expression.Name("terminated").IfNotExists(expression.Value(timeAV(now))))
@@ -442,7 +452,7 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
 		// Work was recorded since the read: mark the steps, stay pending.
-		return t.MarkDone(ctx, instanceID, Done{PodSynced: d.PodSynced, PodEnded: d.PodEnded, Terminated: d.Terminated, Refused: d.Refused, Pod: d.Pod})
+		return t.MarkDone(ctx, instanceID, Done{PodSynced: d.PodSynced, PodEnded: d.PodEnded, PodEndedAt: d.PodEndedAt, Terminated: d.Terminated, Refused: d.Refused, Pod: d.Pod})
 	}
 	if err != nil {
 		return fmt.Errorf("ledger mark done %s: %w", instanceID, err)

@@ -79,6 +79,9 @@ func WithDone(rec Record, id string, d Done, now time.Time) Record {
 	rec.InstanceID = id
 	if d.PodSynced != "" {
 		rec.PodSynced, rec.PodSyncedAt, rec.PodEnded = d.PodSynced, now, &d.PodEnded
+		if d.PodEnded && !d.PodEndedAt.IsZero() && rec.PodEndedAt.IsZero() {
+			rec.PodEndedAt = d.PodEndedAt.UTC()
+		}
 	}
 	if d.Terminated && rec.Terminated.IsZero() {
 		rec.Terminated = now

@@ -78,6 +78,7 @@ func TestRulesMatchTable(t *testing.T) {
 				want, ok = WithState(want, id, pod, sc, clock)
 			default:
 				d := Done{PodSynced: []string{"", "exit/0", model.OutcomeLost}[rng.IntN(3)], Terminated: rng.IntN(2) == 0,
+					PodEnded: rng.IntN(2) == 0, PodEndedAt: clock.Add(-time.Duration(rng.IntN(3)) * time.Second),
 					Refused: []string{"", "", "OperationNotPermitted"}[rng.IntN(3)],
 					Settled: rng.IntN(2) == 0, Version: want.Version - int64(rng.IntN(2))}
 				if rng.IntN(3) == 0 {

@@ -121,7 +121,10 @@ func Build(pod *corev1.Pod, o model.Outcome, now time.Time) (status corev1.PodSt
 	if o.Lost != nil && !Terminal(status.Phase) {
 		status.Phase = corev1.PodFailed
 	}
-	if b.restarting && o.Lost == nil {
+	if b.initFailed && !Terminal(status.Phase) {
+		status.Phase = corev1.PodFailed
+	}
+	if b.restarting && o.Lost == nil && !b.initFailed {
 		// The host restarts a container: the Pod lives on, whatever the
 		// spec's policy says (a host can keep its own Pod live anyway, by
 		// never reporting its end).
@@ -169,6 +172,9 @@ type builder struct {
 	// restarting: an exit shown says the host restarts its container, one
 	// that is not a sidecar (a sidecar's restarts keep nothing live).
 	restarting bool
+	// initFailed: a regular init container failed for good (the host will
+	// not run it again, whatever the policy): nothing after it runs.
+	initFailed bool
 	// completed are the regular init containers a later container's start
 	// proves completed (completedByLater).
 	completed map[string]bool
@@ -212,8 +218,18 @@ func (b *builder) container(c corev1.Container, current []corev1.ContainerStatus
 	started := b.initialized || cs.State.Running != nil || cs.State.Terminated != nil || cs.LastTerminationState.Terminated != nil
 	if e := b.o.ExitOf(c.Name); e != nil && cs.RestartCount <= e.RestartCount+boolInt(e.WillRestart) {
 		b.applied++
-		b.restarting = b.restarting || (e.WillRestart && !sidecar)
-		return exited(cs, *e, b.budget)
+		cs = exited(cs, *e, b.budget)
+		switch {
+		case e.WillRestart && (b.o.Lost != nil || (sidecar && b.o.SidecarsLost)):
+			// The restart never happened: its instance, or the Pod, ended
+			// first.
+			return lost(cs, b.now.Time)
+		case e.WillRestart:
+			b.restarting = b.restarting || !sidecar
+		case !sidecar && b.kind(c.Name) == KindInit && cs.State.Terminated.ExitCode != 0:
+			b.initFailed = true
+		}
+		return cs
 	}
 	switch {
 	case cs.State.Terminated != nil:
@@ -234,6 +250,9 @@ func (b *builder) container(c corev1.Container, current []corev1.ContainerStatus
 	}
 	return cs
 }
+
+// kind is what the container called name is in the Pod's spec.
+func (b *builder) kind(name string) Kind { return KindOf(&b.pod.Spec, name) }
 
 // succeededStatus says whether cs shows a container that completed.
 func succeededStatus(cs corev1.ContainerStatus) bool {

@@ -238,3 +238,21 @@ func TestInitCompletedByLaterStart(t *testing.T) {
 		}
 	}
 }
+
+// A regular init container the host will not run again (its restart cap
+// reached) fails the Pod whatever its policy: nothing after it will run.
+func TestInitFailedForGood(t *testing.T) {
+	for _, policy := range []corev1.RestartPolicy{corev1.RestartPolicyOnFailure, corev1.RestartPolicyAlways} {
+		pod := &corev1.Pod{Spec: corev1.PodSpec{RestartPolicy: policy,
+			InitContainers: []corev1.Container{{Name: "setup"}}, Containers: []corev1.Container{{Name: "main"}}},
+			Status: corev1.PodStatus{Phase: corev1.PodPending}}
+		o := model.Outcome{Exits: []model.Exit{{Container: "setup", ExitCode: 1, RestartCount: 5, FinishedAt: now}}}
+		s, ok := Build(pod, o, now)
+		if !ok || s.Phase != corev1.PodFailed {
+			t.Fatalf("%s: phase %s (write %v), want Failed", policy, s.Phase, ok)
+		}
+		if w := s.ContainerStatuses[0].State.Waiting; w == nil || w.Reason != ReasonPodInitializing {
+			t.Fatalf("%s: main %+v, want waiting %s", policy, s.ContainerStatuses[0].State, ReasonPodInitializing)
+		}
+	}
+}

@@ -371,7 +371,8 @@ func shapeRun(sh shape, states []shapeState, end shapeEnd, start shapeStart) (st
 
 // shapeCheckContainers holds the statuses to the containers' states: a
 // reported exit shows as terminated, or as waiting to restart with the
-// exit as its last state; a container whose turn never came waits for the
+// exit as its last state (lost, its restart counted, when the instance or
+// the Pod ended first); a container whose turn never came waits for the
 // Pod's init containers; one that started and reported nothing runs,
 // unless the instance is gone, or it is a sidecar that outlived the grace:
 // then it is lost.
@@ -397,7 +398,15 @@ func shapeCheckContainers(sh shape, states []shapeState, end shapeEnd, status co
 			return fmt.Errorf("%s: %d states set", c.name, n)
 		}
 		term, wait := cs.State.Terminated, cs.State.Waiting
+		lostNow := end == endLost || (end == endSidecarsLost && c.role == roleSidecar)
 		switch {
+		case st.restarts() && lostNow:
+			// The restart never happened: the instance, or the Pod, ended
+			// first. It is lost, its restart counted.
+			last := cs.LastTerminationState.Terminated
+			if term == nil || term.Reason != ReasonStatusUnknown || last == nil || int(last.ExitCode) != shapeExit(c, st, shapeT0).ExitCode || cs.RestartCount != 1 {
+				return fmt.Errorf("%s (%s, %s): %+v, want lost after its last exit", c.name, st, end, cs)
+			}
 		case st.restarts():
 			last := cs.LastTerminationState.Terminated
 			if wait == nil || wait.Reason != ReasonCrashLoopBackOff || last == nil || int(last.ExitCode) != shapeExit(c, st, shapeT0).ExitCode || cs.RestartCount != 1 {

@@ -61,6 +61,10 @@ type End struct {
 type Plan struct {
 	// Pod is the outcome the Pod must carry, nil when it needs no write.
 	Pod *model.Outcome
+	// PodEndedAt is when Reaper learned what ended the Pod, with PodEnds:
+	// its instance's power-off grace runs from it; the ledger keeps the
+	// first (ledger.Record.PodEndedAt).
+	PodEndedAt time.Time
 	// PodEnds says the Pod has ended, or ends once Pod is written: every
 	// container that decides its phase has ended for good (podstatus), or
 	// its instance is gone and the exit-wait window passed. Only then is
@@ -112,6 +116,9 @@ func Decide(rec ledger.Record, ec2 *instances.Instance, pod *corev1.Pod, now tim
 	var plan Plan
 	v := viewPod(rec, pod, now, p)
 	plan.PodEnds = v.ended
+	if v.ended {
+		plan.PodEndedAt = v.endedAt
+	}
 	if v.outcome != nil && v.outcome.Key() != rec.PodSynced && rec.PodSynced != lostKey {
 		plan.Pod, plan.DueSince, plan.Why = v.outcome, v.due, "pod "+v.outcome.Key()
 	}
@@ -190,18 +197,29 @@ func viewPod(rec ledger.Record, pod *corev1.Pod, now time.Time, p Policy) podVie
 		o.Exits = slices.DeleteFunc(o.Exits, func(e model.Exit) bool { return podstatus.KindOf(&pod.Spec, e.Container) == podstatus.KindNone })
 	}
 	var v podView
-	v.ended, v.endedAt = endedByRuns(rec, pod, o, now), latestReceipt(o.Exits)
-	if !v.ended && pod != nil && rec.Gone == nil && podstatus.HasSidecars(&pod.Spec) {
-		if at, ok := podstatus.RegularsEnded(&pod.Spec, o); ok {
-			deadline := at.Add(terminationGrace(pod))
-			if now.Before(deadline) {
-				v.waitUntil, v.waitWhy, v.sidecarsDue = deadline, "sidecars' termination grace", deadline
-			} else {
-				o.SidecarsLost, v.ended, v.endedAt = true, true, deadline
-			}
+	v.ended, v.endedAt = endedByRuns(rec, pod, o, now), latestReceipt(decisive(pod, o.Exits))
+	regularsAt, regularsEnded := time.Time{}, false
+	if pod != nil {
+		regularsAt, regularsEnded = podstatus.RegularsEnded(&pod.Spec, o)
+	}
+	if !v.ended && regularsEnded && podstatus.HasSidecars(&pod.Spec) {
+		// Only sidecars are unaccounted for, and they decide nothing: the
+		// Pod ends, its sidecars lost, once their grace has passed or
+		// their instance is gone (no exit-wait window for them).
+		deadline := regularsAt.Add(terminationGrace(pod))
+		switch {
+		case rec.Gone != nil:
+			o.SidecarsLost, v.ended, v.endedAt = true, true, laterOf(regularsAt, rec.GoneSince())
+		case now.Before(deadline):
+			v.waitUntil, v.waitWhy, v.sidecarsDue = deadline, "sidecars' termination grace", deadline
+		default:
+			o.SidecarsLost, v.ended, v.endedAt = true, true, deadline
 		}
 	}
 	v.byRuns = v.ended
+	if v.ended && !rec.PodEndedAt.IsZero() {
+		v.endedAt = rec.PodEndedAt // decided when it was first written ended
+	}
 	if !v.ended && rec.Gone != nil {
 		windowEnd := rec.GoneSince().Add(p.ExitWait)
 		if now.Before(windowEnd) {
@@ -226,10 +244,23 @@ func endedByRuns(rec ledger.Record, pod *corev1.Pod, o model.Outcome, now time.T
 			return podstatus.Terminal(status.Phase)
 		}
 	}
-	if rec.PodEnded != nil && rec.PodSynced == o.Key() {
-		return *rec.PodEnded
+	switch {
+	case rec.PodEnded != nil && *rec.PodEnded:
+		return true // a Pod written ended stays ended, whatever came since
+	case rec.PodEnded != nil && rec.PodSynced == o.Key():
+		return false
 	}
 	return podstatus.HostSaysEnded(o.Exits)
+}
+
+// decisive are the exits whose containers decide the Pod's phase: with
+// its spec, all but its sidecars', whose restarts after the Pod ended must
+// not move its instance's power-off grace; without it, all.
+func decisive(pod *corev1.Pod, exits []model.Exit) []model.Exit {
+	if pod == nil {
+		return exits
+	}
+	return slices.DeleteFunc(slices.Clone(exits), func(e model.Exit) bool { return podstatus.KindOf(&pod.Spec, e.Container) == podstatus.KindSidecar })
 }
 
 // latestReceipt is when Reaper received the last of exits (an exit

@@ -112,7 +112,7 @@ func (e *entry) done(now time.Time) (ledger.Done, bool) {
 	}
 	d := ledger.Done{Version: e.view.Version}
 	if e.plan.Pod != nil && e.podErr == nil {
-		d.PodSynced, d.PodEnded = e.plan.Pod.Key(), e.plan.PodEnds
+		d.PodSynced, d.PodEnded, d.PodEndedAt = e.plan.Pod.Key(), e.plan.PodEnds, e.plan.PodEndedAt
 	}
 	if e.end.Now && e.termErr == nil && e.term != "" {
 		if e.term == instances.Refused {

@@ -1,7 +1,10 @@
 package reaper
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/reaper-k8s/reaper/internal/fakes"
+	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
@@ -176,5 +181,84 @@ func TestHungSidecar(t *testing.T) {
 	}
 	if term := pod.Status.InitContainerStatuses[0].State.Terminated; term == nil || term.ExitCode != 137 {
 		t.Fatalf("sidecar %+v, want lost", pod.Status.InitContainerStatuses[0].State)
+	}
+}
+
+// An instance gone once every regular container ended, its sidecar
+// unaccounted for: the sidecar decides nothing, so the Pod ends at once,
+// its regular containers' truth, the sidecar lost, no exit-wait window and
+// no DisruptionTarget. Sidecar lines after the Pod ended move no grace.
+func TestSidecarsOfAGoneInstance(t *testing.T) {
+	w := shapeWorld(livePod(1, []string{"sidecar-proxy"}, []string{"main"}))
+	core, l, _ := newBatchCore(w)
+	core.Policy.ExitWait = time.Hour
+	core.HandleQueueEvent(t.Context(), batch(t, containerExit(1, "main", 0, true)))
+	inst := w.Instances[instanceOf(1)]
+	inst.State = model.StateTerminated
+	w.Instances[instanceOf(1)] = inst
+	core.HandleQueueEvent(t.Context(), batch(t, workqueue.State(instanceOf(1), model.StateTerminated, testNow())))
+	pod := w.Live[podOf(1)]
+	if pod.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("phase %s, want Succeeded without waiting the window", pod.Status.Phase)
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget {
+			t.Fatalf("DisruptionTarget %+v on a Pod its containers ended", c)
+		}
+	}
+	if term := pod.Status.InitContainerStatuses[0].State.Terminated; term == nil || term.ExitCode != 137 {
+		t.Fatalf("sidecar %+v, want lost", pod.Status.InitContainerStatuses[0].State)
+	}
+	if rec := l.Recs[instanceOf(1)]; rec.Pending != "" {
+		t.Fatalf("record %+v: want settled", rec)
+	}
+}
+
+// The power-off grace runs from the exit that ended the Pod: the restart
+// lines of a sidecar that keeps crashing, coming after it, do not move
+// it, and the instance is terminated when it ends.
+func TestSidecarLinesMoveNoGrace(t *testing.T) {
+	w := shapeWorld(livePod(1, []string{"sidecar-proxy"}, []string{"main"}))
+	core, l, _ := newBatchCore(w)
+	l.Now = func() time.Time { return core.Now() } // receipts on the batch's clock
+	core.Policy.PowerOffGrace = 30 * time.Second
+	restarting := containerExit(1, "sidecar-proxy", 1, true)
+	restarting.Exit.WillRestart = true
+	core.HandleQueueEvent(t.Context(), batch(t, restarting, containerExit(1, "main", 0, true)))
+	if w.Live[podOf(1)].Status.Phase != corev1.PodSucceeded || terminates(w) != 0 {
+		t.Fatalf("phase %s, log %q: want Succeeded, the instance left its grace", w.Live[podOf(1)].Status.Phase, w.Log)
+	}
+	for i := range 4 {
+		at := testNow().Add(time.Duration(10*(i+1)) * time.Second)
+		core.Now = func() time.Time { return at }
+		restart := containerExit(1, "sidecar-proxy", 143, true)
+		restart.Exit.RestartCount, restart.Exit.WillRestart = int32(i+1), true
+		core.HandleQueueEvent(t.Context(), batch(t, restart))
+	}
+	if n := terminates(w); n != 1 {
+		t.Fatalf("%d terminates 40 s after the Pod ended with a 30 s grace, want 1 (log %q)", n, w.Log)
+	}
+}
+
+// A record keeps at most ledger.MaxContainers containers' exits: a claim
+// for one more container is refused, counted, and changes nothing.
+func TestTooManyContainers(t *testing.T) {
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
+	w.Pods[podOf(1)] = true
+	core, l, _ := newBatchCore(w)
+	var emf bytes.Buffer
+	core.Metrics = metrics.New(slog.New(slog.NewJSONHandler(&emf, nil)), "Reaper", metrics.FunctionReconciler)
+	exits := map[string]model.Exit{}
+	for i := range ledger.MaxContainers {
+		name := fmt.Sprintf("c%d", i)
+		exits[name] = model.Exit{Container: name, OthersRunning: true, FinishedAt: testNow().Add(-time.Hour)}
+	}
+	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1), Exits: exits, Version: 1}
+	core.HandleQueueEvent(t.Context(), batch(t, containerExit(1, "one-more", 0, false)))
+	if n := countOf(t, emf.String(), metrics.LinesRejected, model.ReasonTooManyContainers); n != 1 {
+		t.Fatalf("%d claims refused as %s, want 1", n, model.ReasonTooManyContainers)
+	}
+	if rec := l.Recs[instanceOf(1)]; len(rec.Exits) != ledger.MaxContainers || terminates(w) != 0 {
+		t.Fatalf("%d exits recorded, log %q: want the record and the instance untouched", len(rec.Exits), w.Log)
 	}
 }
