@@ -126,12 +126,9 @@ type Record struct {
 	ExpiresAt int64 `dynamodbav:"expiresAt" json:"expiresAt,omitempty"`
 }
 
-// MaxContainers is how many containers' exits a record keeps: a record is
-// one DynamoDB item (at most 400 KB), and an exit with its termination
-// message and error takes up to about 8.5 KB. A claim for a further
-// container is refused (model.ReasonTooManyContainers); its Pod ends when
-// its instance does.
-const MaxContainers = 32
+// MaxContainers is how many containers' exits a record keeps
+// (model.MaxContainers).
+const MaxContainers = model.MaxContainers
 
 // exitAttributePrefix starts the name of the attribute holding one
 // container's latest exit: "exit:<container>". A container's name is a

@@ -84,6 +84,14 @@ type Outcome struct {
 	SidecarsLost bool
 }
 
+// MaxContainers is how many containers (init and regular) a Pod Reaper
+// serves may have: Reaper's record of an instance is one DynamoDB item
+// (at most 400 KB) and keeps each container's latest exit, which with
+// its termination message and error takes up to about 8.5 KB. A provider
+// refuses a larger Pod at launch (userdata.Pod.Validate); Reaper refuses
+// a line for a further container (ReasonTooManyContainers).
+const MaxContainers = 32
+
 // OutcomeLost is the key of a Lost outcome.
 const OutcomeLost = "lost"
 

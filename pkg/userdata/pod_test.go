@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 // Pods of several containers, run for real against the docker double as
@@ -506,4 +508,20 @@ func TestPodPowerOffAfterLastLine(t *testing.T) {
 			t.Errorf("shutdowns: %q", ev)
 		}
 	})
+}
+
+// A Pod of more containers than Reaper keeps the exits of is refused at
+// launch, with the bound in the error.
+func TestPodTooManyContainers(t *testing.T) {
+	pod := Pod{Namespace: "jobs", Name: "wide", UID: "6b9a1c2e-0000-4000-8000-000000000001"}
+	for i := range model.MaxContainers + 1 {
+		pod.Containers = append(pod.Containers, Container{Name: fmt.Sprintf("c%d", i), Image: "busybox"})
+	}
+	if err := pod.Validate(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%d containers", model.MaxContainers+1)) {
+		t.Fatalf("Validate = %v, want the container count refused", err)
+	}
+	pod.Containers = pod.Containers[:model.MaxContainers]
+	if err := pod.Validate(); err != nil {
+		t.Fatalf("%d containers: %v", model.MaxContainers, err)
+	}
 }

@@ -523,6 +523,9 @@ func (p Pod) specErrors() []error {
 	if len(p.Containers) == 0 {
 		errs = append(errs, errors.New("containers is empty: a Pod needs a regular container"))
 	}
+	if n := len(p.InitContainers) + len(p.Containers); n > model.MaxContainers {
+		errs = append(errs, fmt.Errorf("%d containers: Reaper keeps the exits of %d containers a Pod at most", n, model.MaxContainers))
+	}
 	if g := p.TerminationGracePeriodSeconds; g != nil && (*g < 0 || *g > 24*3600) {
 		errs = append(errs, fmt.Errorf("terminationGracePeriodSeconds %d is outside 0..86400", *g))
 	}
