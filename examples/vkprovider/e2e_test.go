@@ -12,6 +12,7 @@ import (
 	"os"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,8 +120,21 @@ func run(ctx context.Context, m *testing.M) (int, error) {
 // host plays one exit: what the wrapper on the instance writes and the
 // CloudWatch agent ships.
 type host struct {
-	exitCode         int
+	// container is the container that exited; "" is "main".
+	container string
+	exitCode  int
+	// signal names the signal that ended it ("SIGTERM": the wrapper
+	// stopping a sidecar once the regular containers ended).
+	signal string
+	// runtimeRestarted: the container runtime restarted under the
+	// container, and the wrapper still learned its own outcome.
 	runtimeRestarted bool
+	// othersRunning: other containers of the Pod run on, or are still to
+	// start, after this one; every line but the Pod's last.
+	othersRunning bool
+	// restartCount counts the times the host restarted the container
+	// before this run.
+	restartCount int32
 	// goneFirst terminates the instance (as a spot reclaim or the wrapper's
 	// own power-off does) several status periods before the line arrives.
 	goneFirst bool
@@ -279,7 +293,7 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 	finished := time.Now().UTC().Truncate(time.Millisecond)
 	if recorder == ledgerOnly {
 		if _, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)},
-			model.Exit{Container: "main", ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}); err != nil {
+			model.Exit{Container: exit.name(), ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}); err != nil {
 			return sum, err
 		}
 		// The provider reads the ledger only for instances that ended:
@@ -368,11 +382,30 @@ func hostToken(id string, pod *corev1.Pod) (string, error) {
 	return "", fmt.Errorf("pod %s: no RunInstances for it", pod.Name)
 }
 
+// name is the name of the container that exited.
+func (h host) name() string {
+	if h.container == "" {
+		return "main"
+	}
+	return h.container
+}
+
+// exitSeq numbers the log events sent, as CloudWatch Logs gives each its
+// own id.
+var exitSeq atomic.Int64
+
 // exitEvent is the CloudWatch Logs payload of the Pod's exit line, from
-// its instance's log stream, with the host's exit token.
+// its instance's log stream, with the host's exit token. The container id
+// is the instance's, with the container's name for the containers other
+// than main: ids differ between the containers of a Pod.
 func exitEvent(id string, pod *corev1.Pod, exit host, finished time.Time, token string) ([]byte, error) {
-	ev, err := replay.ExitLogsEvent(id, pod, exitline.Line{ContainerID: "docker://" + id[2:], ExitCode: exit.exitCode,
-		RuntimeRestarted: exit.runtimeRestarted, StartedAt: finished.Add(-time.Minute), FinishedAt: finished, Token: token}, 1)
+	containerID := "docker://" + id[2:]
+	if exit.name() != "main" {
+		containerID += "-" + exit.name()
+	}
+	ev, err := replay.ExitLogsEvent(id, pod, exitline.Line{Container: exit.name(), ContainerID: containerID, ExitCode: exit.exitCode,
+		Signal: exit.signal, RuntimeRestarted: exit.runtimeRestarted, OthersRunning: exit.othersRunning, RestartCount: exit.restartCount,
+		StartedAt: finished.Add(-time.Minute), FinishedAt: finished, Token: token}, int(exitSeq.Add(1)))
 	if err != nil {
 		return nil, err
 	}

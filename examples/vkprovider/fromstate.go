@@ -10,22 +10,30 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corev1listers "k8s.io/client-go/listers/core/v1"
+
+	"github.com/reaper-k8s/reaper/pkg/podstatus"
 )
 
-// InstanceGone is the reason RunStatusFromInstance's provider gives the
-// container of a Pod whose instance went: shutting-down or terminated.
+// InstanceGone is the reason RunStatusFromInstance's provider gives each
+// container of a Pod whose instance went (shutting-down or terminated) that
+// the Pod did not show ended.
 const InstanceGone = "InstanceGone"
 
 // RunStatusFromInstance is Run with the other provider style, the one that
 // ignores Reaper's ledger: a Pod's status comes from its instance's EC2
-// state alone, as many providers derive it. Pending and running give
-// Pending and Running; an instance shutting down or terminated makes its
-// Pod Failed with exit code 255 and reason InstanceGone, whatever the
-// container's exit was. Each StatusSyncPeriod it describes the instances of
-// every live Pod together, ⌈live Pods / 1,000⌉ DescribeInstances, and
-// notifies each change at once. Config.Ledger is not used.
+// state alone, as many providers derive it. While the instance is pending
+// or running, the statuses are Run's. An instance shutting down or
+// terminated ends its Pod: every container the Pod does not show ended
+// gets exit code 255 and reason InstanceGone, whatever its exit was (one
+// whose turn never came waits, PodInitializing), and the Pod is Failed, or
+// Succeeded when every regular container shows exit 0 and only sidecars
+// went with the instance, as the kubelet's rule says. Each
+// StatusSyncPeriod it describes the instances of every live Pod together,
+// ⌈live Pods / 1,000⌉ DescribeInstances, and notifies each change at once.
+// Config.Ledger is not used.
 //
 // Such a provider keeps a Pod's true exit only when Reaper writes the Pod
 // before the provider sees its instance go: the terminal Pod is then
@@ -102,10 +110,22 @@ func fromState(pod *corev1.Pod, inst ec2types.Instance) *corev1.PodStatus {
 		return running(pod, aws.ToTime(inst.LaunchTime))
 	case ec2types.InstanceStateNameShuttingDown, ec2types.InstanceStateNameTerminated:
 		st := pod.Status.DeepCopy()
-		st.Phase = corev1.PodFailed
-		st.ContainerStatuses = []corev1.ContainerStatus{containerStatus(pod, corev1.ContainerState{
-			Terminated: &corev1.ContainerStateTerminated{ExitCode: 255, Reason: InstanceGone},
-		})}
+		var initialized bool
+		st.InitContainerStatuses, st.ContainerStatuses, initialized = podContainers(pod, metav1.Time{},
+			func(cs corev1.ContainerStatus, _ podstatus.Kind, _ metav1.Time) corev1.ContainerStatus {
+				cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+					ExitCode: 255, Reason: InstanceGone, ContainerID: cs.ContainerID,
+				}}
+				cs.Ready, cs.Started = false, aws.Bool(false)
+				return cs
+			})
+		// Nothing of the Pod runs again: the kubelet's rule over its
+		// containers as the Pod ended, and Failed where that rule
+		// would wait (a container whose turn never came).
+		st.Phase = podstatus.Phase(&pod.Spec, st.InitContainerStatuses, st.ContainerStatuses, true, initialized)
+		if !podstatus.Terminal(st.Phase) {
+			st.Phase = corev1.PodFailed
+		}
 		return st
 	default:
 		return pod.Status.DeepCopy()

@@ -18,6 +18,11 @@
 //     Pod UID check) once the instance is no longer running, before it lets
 //     the instance's state say anything: a gone instance says nothing about
 //     the exit code, the ledger does.
+//   - While the instance is up, the status covers every container of the
+//     Pod, init containers and sidecars included, in spec order, by the
+//     kubelet's rule; a container's end comes only from Reaper, which
+//     writes it from the host's exit line while the others run on, and the
+//     provider keeps what Reaper wrote of it.
 //   - A terminal Pod is never written again: Reaper (or the provider, from
 //     the ledger) wrote the truth, and the apiserver does not refuse phase
 //     flips.
@@ -660,41 +665,185 @@ func terminal(phase corev1.PodPhase) bool {
 	return phase == corev1.PodSucceeded || phase == corev1.PodFailed
 }
 
+// InstancePending is the reason the provider gives a container waiting for
+// its Pod's instance to start.
+const InstancePending = "InstancePending"
+
+// pending is the Pod's status while its instance starts: every container
+// waits, those whose turn would come first for the instance, the rest for
+// the Pod's init containers.
 func pending(pod *corev1.Pod) *corev1.PodStatus {
 	st := pod.Status.DeepCopy()
 	st.Phase = corev1.PodPending
-	st.ContainerStatuses = []corev1.ContainerStatus{containerStatus(pod, corev1.ContainerState{
-		Waiting: &corev1.ContainerStateWaiting{Reason: "InstancePending"},
-	})}
+	st.InitContainerStatuses, st.ContainerStatuses, _ = podContainers(pod, metav1.Time{},
+		func(cs corev1.ContainerStatus, _ podstatus.Kind, _ metav1.Time) corev1.ContainerStatus {
+			return waitingFor(cs, InstancePending)
+		})
 	return st
 }
 
+// running is the Pod's status while its instance runs, launched at
+// launched: the containers as podContainers shows them, with the
+// kubelet's phase over them (podstatus.Phase) and conditions to match.
+// The Pod is Ready only once every regular init container shows completed
+// and every regular container and sidecar runs: a Pod whose init
+// containers the provider cannot see completed is not ready, whatever the
+// instance says. The conditions keep their transition times while their
+// status holds, so that the same Pod status gives the same result and the
+// provider notifies, and virtual-kubelet writes, only changes: each write
+// of the whole status is one that may land over Reaper's.
 func running(pod *corev1.Pod, launched time.Time) *corev1.PodStatus {
 	started := metav1.NewTime(launched.Truncate(time.Second))
-	cs := containerStatus(pod, corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: started}})
-	cs.Ready, cs.Started = true, aws.Bool(true)
+	inits, regulars, initialized := podContainers(pod, started, runningFor)
+	phase := podstatus.Phase(&pod.Spec, inits, regulars, false, initialized)
+	if podstatus.Terminal(phase) {
+		// The statuses Reaper wrote from the exit lines say the Pod
+		// ended: ending it, with its instance, is Reaper's, which
+		// writes the phase itself; a status written here would pre-empt
+		// it.
+		return pod.Status.DeepCopy()
+	}
+	ready := initialized
+	for i, cs := range inits {
+		if podstatus.KindOf(&pod.Spec, pod.Spec.InitContainers[i].Name) == podstatus.KindSidecar {
+			ready = ready && cs.Ready
+		}
+	}
+	for _, cs := range regulars {
+		ready = ready && cs.Ready
+	}
+	// A condition that turns now turns at the latest moment the statuses
+	// tell of, not at the time of this computation, so that it is the
+	// same each period.
+	at := started
+	for _, cs := range slices.Concat(inits, regulars) {
+		for _, t := range []metav1.Time{runningSince(cs.State), terminatedAt(cs.State), terminatedAt(cs.LastTerminationState)} {
+			if t.After(at.Time) {
+				at = t
+			}
+		}
+	}
+	cond := func(t corev1.PodConditionType, ok bool, notReason string) corev1.PodCondition {
+		c := corev1.PodCondition{Type: t, Status: corev1.ConditionTrue, LastTransitionTime: at}
+		if !ok {
+			c.Status, c.Reason = corev1.ConditionFalse, notReason
+		}
+		for _, old := range pod.Status.Conditions {
+			if old.Type == t && old.Status == c.Status {
+				c.LastTransitionTime = old.LastTransitionTime
+			}
+		}
+		return c
+	}
 	return &corev1.PodStatus{
-		Phase:     corev1.PodRunning,
+		Phase:     phase,
 		StartTime: &started,
 		Conditions: []corev1.PodCondition{
-			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: started},
-			{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: started},
-			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: started},
-			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: started},
+			cond(corev1.PodScheduled, true, ""),
+			cond(corev1.PodInitialized, initialized, podstatus.ReasonNotInitialized),
+			cond(corev1.ContainersReady, ready, podstatus.ReasonNotReady),
+			cond(corev1.PodReady, ready, podstatus.ReasonNotReady),
 		},
-		ContainerStatuses: []corev1.ContainerStatus{cs},
+		InitContainerStatuses: inits,
+		ContainerStatuses:     regulars,
 	}
 }
 
-// containerStatus is the status of the Pod's container in state, keeping
-// what an earlier status of the provider said of its image.
-func containerStatus(pod *corev1.Pod, state corev1.ContainerState) corev1.ContainerStatus {
-	c := pod.Spec.Containers[0]
-	cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image, State: state, Started: aws.Bool(false)}
-	for _, old := range pod.Status.ContainerStatuses {
-		if old.Name == c.Name {
-			cs.ImageID, cs.ContainerID, cs.RestartCount = old.ImageID, old.ContainerID, old.RestartCount
+// podContainers are complete statuses of every container of pod, its init
+// containers (sidecars among them) and its containers, in spec order, as
+// far as the provider can tell, and whether every regular init container
+// shows completed.
+//
+// The provider sees the instance, not its containers: a container's end
+// reaches it only as the status Reaper wrote from the host's exit line.
+// So a container the Pod shows terminated keeps that status, of which the
+// provider knows nothing later; the apiserver would also refuse a write
+// turning it back under restartPolicy Never, and with it every later
+// change the whole status carried. Of the others, those whose turn has
+// come (every regular init container before them shows completed) are
+// live(cs, kind, since), since being when their turn came: the instance's
+// launch, or the end of the last regular init container before them. The
+// rest wait for the init containers (PodInitializing), as the kubelet
+// shows a container that has not started. Regular init containers are
+// thus shown as the kubelet shows them at the Pod's start, the first not
+// completed running and the later ones waiting, until Reaper writes their
+// exits: the provider cannot tell which of them ran, and one shown
+// completed without its exit would be a guess that makes the Pod look
+// initialized.
+func podContainers(pod *corev1.Pod, since metav1.Time, live func(cs corev1.ContainerStatus, kind podstatus.Kind, since metav1.Time) corev1.ContainerStatus) (inits, regulars []corev1.ContainerStatus, initialized bool) {
+	initialized = true
+	status := func(c corev1.Container, current []corev1.ContainerStatus) corev1.ContainerStatus {
+		cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image}
+		for _, old := range current {
+			if old.Name == c.Name {
+				// What the Pod shows of it (image id, container id,
+				// restarts, the last termination) stays.
+				cs = *old.DeepCopy()
+			}
+		}
+		switch {
+		case cs.State.Terminated != nil:
+			return cs
+		case !initialized:
+			return waitingFor(cs, podstatus.ReasonPodInitializing)
+		}
+		return live(cs, podstatus.KindOf(&pod.Spec, c.Name), since)
+	}
+	for _, c := range pod.Spec.InitContainers {
+		cs := status(c, pod.Status.InitContainerStatuses)
+		inits = append(inits, cs)
+		if podstatus.KindOf(&pod.Spec, c.Name) != podstatus.KindInit {
+			continue
+		}
+		if t := cs.State.Terminated; t == nil || t.ExitCode != 0 {
+			initialized = false
+		} else if t.FinishedAt.After(since.Time) {
+			since = t.FinishedAt
 		}
 	}
+	for _, c := range pod.Spec.Containers {
+		regulars = append(regulars, status(c, pod.Status.ContainerStatuses))
+	}
+	return inits, regulars, initialized
+}
+
+// runningFor is a container whose turn came at since on a running
+// instance: it runs. One the Pod shows running keeps its start. One the
+// Pod shows waiting to restart (the host restarts it in place, after a
+// backoff, and reports no start) runs again from its last end at the
+// earliest, keeping its restart count and last termination. Sidecars and
+// regular containers are ready once they run (the host runs no probes);
+// a regular init container never is.
+func runningFor(cs corev1.ContainerStatus, kind podstatus.Kind, since metav1.Time) corev1.ContainerStatus {
+	switch {
+	case cs.State.Running != nil:
+		since = cs.State.Running.StartedAt
+	case cs.LastTerminationState.Terminated != nil && cs.LastTerminationState.Terminated.FinishedAt.After(since.Time):
+		since = cs.LastTerminationState.Terminated.FinishedAt
+	}
+	cs.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: since}}
+	cs.Started = aws.Bool(true)
+	cs.Ready = kind != podstatus.KindInit
 	return cs
+}
+
+// waitingFor is cs waiting to start for reason.
+func waitingFor(cs corev1.ContainerStatus, reason string) corev1.ContainerStatus {
+	cs.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason}}
+	cs.Ready, cs.Started = false, aws.Bool(false)
+	return cs
+}
+
+func runningSince(s corev1.ContainerState) metav1.Time {
+	if s.Running != nil {
+		return s.Running.StartedAt
+	}
+	return metav1.Time{}
+}
+
+func terminatedAt(s corev1.ContainerState) metav1.Time {
+	if s.Terminated != nil {
+		return s.Terminated.FinishedAt
+	}
+	return metav1.Time{}
 }
