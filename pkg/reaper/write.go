@@ -174,7 +174,13 @@ func (b *batchRun) readPods(ctx context.Context) {
 }
 
 // podToRead is the Pod readPods reads for the entry, if any: the one its
-// instance's launch tags name, or its record's.
+// instance's launch tags name, or its record's. It is read for an exit
+// claim, and for a record whose Pod lives on with something that may
+// need its spec (container exits to weigh, or its instance gone); not for
+// a record whose Pod Reaper wrote ended (work deferred after its write
+// comes back for the terminate alone), nor for a state change of an
+// instance it has no record of (nothing is written before the exit-wait
+// window).
 func (e *entry) podToRead() (model.PodRef, bool) {
 	var ref model.PodRef
 	switch {
@@ -183,10 +189,17 @@ func (e *entry) podToRead() (model.PodRef, bool) {
 	case e.ec2 == nil && e.stored != nil && !e.stored.Unverified:
 		ref = e.stored.Pod
 	}
-	if ref.UID == "" || (e.stored != nil && endedByReaper(*e.stored)) {
+	if ref.UID == "" {
 		return model.PodRef{}, false
 	}
-	return ref, slices.ContainsFunc(e.items, func(it workqueue.Item) bool { return it.Kind != workqueue.KindOrphan })
+	if slices.ContainsFunc(e.items, func(it workqueue.Item) bool { return it.Kind == workqueue.KindExit }) {
+		return ref, true
+	}
+	rec := e.stored
+	if rec == nil || (rec.PodEnded != nil && *rec.PodEnded) || rec.PodSynced == lostKey {
+		return model.PodRef{}, false
+	}
+	return ref, len(rec.Exits) > 0 || rec.Gone != nil
 }
 
 // livePod is the entry's Pod as read in this batch, when it is live (nil:
