@@ -261,7 +261,7 @@ func recordSummary(rec *ledger.Record) string {
 	var parts []string
 	for _, e := range rec.Runs() {
 		exit := fmt.Sprintf("exit code %d (restart %d)", e.ExitCode, e.RestartCount)
-		if len(rec.Exits) > 1 {
+		if len(rec.Runs()) > 1 {
 			exit = e.Container + " " + exit
 		}
 		if rec.Unverified {

@@ -533,7 +533,7 @@ func (p *provider) statuses(ctx context.Context, byInstance map[string]*corev1.P
 // does not end it. Only a record naming this very Pod (not an earlier one
 // of the same name) and checked against the instance's tags speaks for it.
 func endedFromLedger(pod *corev1.Pod, id string, rec ledger.Record) *corev1.PodStatus {
-	if rec.Pod.UID != string(pod.UID) || rec.Unverified || len(rec.Exits) == 0 {
+	if rec.Pod.UID != string(pod.UID) || rec.Unverified || len(rec.Runs()) == 0 {
 		return nil
 	}
 	st, ok := podstatus.Build(pod, model.Outcome{InstanceID: id, Exits: rec.Runs()}, time.Now())

@@ -78,6 +78,13 @@ type Record struct {
 	// (exitAttribute), so that one container's write never reads or
 	// rewrites another's.
 	Exits map[string]model.Exit `dynamodbav:"-" json:"exits,omitempty"`
+	// LegacyExit is the one exit older versions recorded per instance. It
+	// is read as its container's (Runs, ExitOf) while the record has none
+	// of the new form for that container, so that an upgrade loses no
+	// recorded exit; it is never written again, and the write rules weigh
+	// the new form alone (the reconciler's own check before a write,
+	// FinalExit, keeps it final).
+	LegacyExit *model.Exit `dynamodbav:"exit,omitempty" json:"exit,omitempty"`
 	// Gone is the newest state seen in which the instance no longer runs its
 	// Pod (stopping, stopped, shutting-down, terminated). It stays set.
 	Gone *model.Gone `dynamodbav:"gone,omitempty" json:"gone,omitempty"`
@@ -135,19 +142,20 @@ const MaxContainers = model.MaxContainers
 // DNS label, so it never holds the '.' of a document path.
 const exitAttributePrefix = "exit:"
 
-// legacyExitAttribute is the one exit older versions recorded per
-// instance. It is read, and its write rule applied, as its container's
-// exit while the record has none of the new form for that container, so
-// that an upgrade loses no recorded exit.
-const legacyExitAttribute = "exit"
-
 func exitAttribute(container string) string { return exitAttributePrefix + container }
 
-// Runs are the record's exits, in container name order.
+// Runs are the record's exits, in container name order: the latest of
+// each container, an older version's (LegacyExit) where there is no other.
 func (r Record) Runs() []model.Exit {
-	runs := make([]model.Exit, 0, len(r.Exits))
+	runs := make([]model.Exit, 0, len(r.Exits)+1)
 	for _, name := range slices.Sorted(maps.Keys(r.Exits)) {
 		runs = append(runs, r.Exits[name])
+	}
+	if l := r.LegacyExit; l != nil {
+		if _, newer := r.Exits[l.Container]; !newer {
+			runs = append(runs, *l)
+			slices.SortFunc(runs, func(a, b model.Exit) int { return strings.Compare(a.Container, b.Container) })
+		}
 	}
 	return runs
 }
@@ -157,8 +165,13 @@ func (r Record) Latest() *model.Exit { return model.Outcome{Exits: r.Runs()}.Lat
 
 // ExitOf is the latest exit recorded of the container called name.
 func (r Record) ExitOf(name string) (model.Exit, bool) {
-	e, ok := r.Exits[name]
-	return e, ok
+	if e, ok := r.Exits[name]; ok {
+		return e, true
+	}
+	if l := r.LegacyExit; l != nil && l.Container == name {
+		return *l, true
+	}
+	return model.Exit{}, false
 }
 
 // decode reads a record from a DynamoDB item.
@@ -180,18 +193,6 @@ func decode(item map[string]types.AttributeValue) (Record, error) {
 			rec.Exits = map[string]model.Exit{}
 		}
 		rec.Exits[container] = e
-	}
-	if av, ok := item[legacyExitAttribute]; ok {
-		var e model.Exit
-		if err := attributevalue.Unmarshal(av, &e); err != nil {
-			return Record{}, fmt.Errorf("%s: %w", legacyExitAttribute, err)
-		}
-		if _, newer := rec.Exits[e.Container]; !newer {
-			if rec.Exits == nil {
-				rec.Exits = map[string]model.Exit{}
-			}
-			rec.Exits[e.Container] = e
-		}
 	}
 	return rec, nil
 }
@@ -262,17 +263,10 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.Pod
 	exit.ReceivedAt = now
 	attr := exitAttribute(exit.Container)
 	otherPod := expression.Name("pod.uid").NotEqual(expression.Value(pod.UID))
-	// laterThan: the exit recorded at path is not final and not later.
-	laterThan := func(path string) expression.ConditionBuilder {
-		return expression.And(expression.Name(path+".restartCount").LessThanEqual(expression.Value(exit.RestartCount)),
-			expression.Or(otherPod, expression.Name(path+".willRestart").Equal(expression.Value(true))))
-	}
-	legacy := expression.Name(legacyExitAttribute)
 	condition := expression.Or(
-		expression.And(expression.Name(attr).AttributeNotExists(),
-			expression.Or(legacy.AttributeNotExists(), expression.Name(legacyExitAttribute+".container").NotEqual(expression.Value(exit.Container)),
-				laterThan(legacyExitAttribute))),
-		laterThan(attr),
+		expression.Name(attr).AttributeNotExists(),
+		expression.And(expression.Name(attr+".restartCount").LessThanEqual(expression.Value(exit.RestartCount)),
+			expression.Or(otherPod, expression.Name(attr+".willRestart").Equal(expression.Value(true)))),
 		expression.And(expression.Name("unverified").AttributeExists(), otherPod))
 	update := stamped(now).
 		Set(expression.Name(attr), expression.Value(exit)).

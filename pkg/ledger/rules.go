@@ -18,11 +18,13 @@ import (
 // write applies (false: rec is returned as it was). A later exit of the
 // container wins, unless its recorded one is a terminal exit of the same
 // Pod (it is final), and except over one an older version recorded
-// unverified for another Pod. Other containers' exits stay.
+// unverified for another Pod. Other containers' exits stay. An exit of
+// the older form (LegacyExit) is not weighed: the reconciler checks it
+// before it writes (FinalExit).
 func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time.Time) (Record, bool) {
 	replaceUnverified := rec.Unverified && rec.Pod.UID != pod.UID
-	if prev, ok := rec.ExitOf(exit.Container); ok && !replaceUnverified &&
-		(prev.RestartCount > exit.RestartCount || FinalExit(rec, pod, exit.Container)) {
+	if prev, ok := rec.Exits[exit.Container]; ok && !replaceUnverified &&
+		(prev.RestartCount > exit.RestartCount || (prev.Terminal() && rec.Pod.UID == pod.UID)) {
 		return rec, false
 	}
 	now = now.UTC()

@@ -33,7 +33,7 @@ func TestRulesMatchTable(t *testing.T) {
 	}
 	states := []string{model.StatePending, model.StateRunning, model.StateStopping, model.StateStopped, model.StateShuttingDown, model.StateTerminated}
 	applied := map[string]int{}
-	for n := range 120 {
+	for n := range 200 {
 		id := fmt.Sprintf("i-%017x", n+1)
 		var want Record
 		// Every fourth record starts as an older version left it: an exit
@@ -130,7 +130,9 @@ func TestCheckedExitReplacesUnverified(t *testing.T) {
 		replaced   bool
 	}{
 		{name: "unverified", unverified: true, claim: podB, wantPod: podB, replaced: true},
-		{name: "unverified-same-pod", unverified: true, claim: podA, wantPod: podA},
+		// An exit of the older form is never written again, nor weighed by
+		// the write rule: the checked exit is its container's latest.
+		{name: "unverified-same-pod", unverified: true, claim: podA, wantPod: podA, replaced: true},
 		{name: "checked", unverified: false, claim: podB, wantPod: podA},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -154,8 +156,8 @@ func TestCheckedExitReplacesUnverified(t *testing.T) {
 				if wantUnverified := tc.unverified && !tc.replaced; rec.Pod != tc.wantPod || rec.Unverified != wantUnverified {
 					t.Errorf("%s: pod %s, unverified %v; want pod %s, unverified %v", form, rec.Pod.UID, rec.Unverified, tc.wantPod.UID, wantUnverified)
 				}
-				if wantRC := map[bool]int32{true: 0, false: 3}[tc.replaced]; rec.Exits["main"].RestartCount != wantRC || len(rec.Exits) != 1 {
-					t.Errorf("%s: exits %+v, want main's restart count %d", form, rec.Exits, wantRC)
+				if main, _ := rec.ExitOf("main"); main.RestartCount != map[bool]int32{true: 0, false: 3}[tc.replaced] || len(rec.Runs()) != 1 {
+					t.Errorf("%s: runs %+v, want main's restart count %d", form, rec.Runs(), map[bool]int32{true: 0, false: 3}[tc.replaced])
 				}
 			}
 			if applied != tc.replaced {

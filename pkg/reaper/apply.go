@@ -174,7 +174,7 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 // Pod written ended by its container exits, checked when they were
 // recorded, and its instance terminated.
 func endedByReaper(rec ledger.Record) bool {
-	return rec.Pending == "" && !rec.Unverified && len(rec.Exits) > 0 && rec.PodSynced != "" && rec.PodSynced != lostKey &&
+	return rec.Pending == "" && !rec.Unverified && len(rec.Runs()) > 0 && rec.PodSynced != "" && rec.PodSynced != lostKey &&
 		rec.PodSynced == (model.Outcome{Exits: rec.Runs()}).Key() && podEndedAsWritten(rec) && !rec.Terminated.IsZero()
 }
 
@@ -199,7 +199,7 @@ func (b *batchRun) containerCheck(e *entry, rec *ledger.Record, exit model.Exit)
 	if pod := e.livePod(); pod != nil && podstatus.KindOf(&pod.Spec, exit.Container) == podstatus.KindNone {
 		return model.ReasonUnknownContainer
 	}
-	if rec != nil && len(rec.Exits) >= ledger.MaxContainers {
+	if rec != nil && len(rec.Runs()) >= ledger.MaxContainers {
 		if _, known := rec.ExitOf(exit.Container); !known {
 			return model.ReasonTooManyContainers
 		}

@@ -73,10 +73,10 @@ func believe(rec ledger.Record, ec2 *instances.Instance) (view *ledger.Record, r
 		return nil, reason
 	}
 	if rec.Pod != ec2.Pod {
-		if len(rec.Exits) > 0 {
+		if len(rec.Runs()) > 0 {
 			reason = model.ReasonPodMismatch
 		}
-		rec.Pod, rec.Exits = ec2.Pod, nil
+		rec.Pod, rec.Exits, rec.LegacyExit = ec2.Pod, nil, nil
 	}
 	rec.Unverified = false
 	return &rec, reason

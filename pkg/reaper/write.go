@@ -199,7 +199,7 @@ func (e *entry) podToRead() (model.PodRef, bool) {
 	if rec == nil || (rec.PodEnded != nil && *rec.PodEnded) || rec.PodSynced == lostKey {
 		return model.PodRef{}, false
 	}
-	return ref, len(rec.Exits) > 0 || rec.Gone != nil
+	return ref, len(rec.Runs()) > 0 || rec.Gone != nil
 }
 
 // livePod is the entry's Pod as read in this batch, when it is live (nil:
