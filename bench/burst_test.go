@@ -93,9 +93,15 @@ const publishedExits = 2000
 // once (the burst's defaults).
 func BenchmarkBurstPublished(b *testing.B) {
 	w, burst := newBurst(b, "reaper-bench-published", publishedExits, 1)
+	runBursts(b, w, burst, 1)
+}
+
+// runBursts runs burst b.N times at EC2's published buckets refilled ×
+// scale, and reports, checks and cleans up each run, with no baseline.
+func runBursts(b *testing.B, w *world, burst *replay.Burst, scale float64) {
 	ctx := context.Background()
 	for range b.N {
-		w.stack.EC2.EnableBuckets(ec2server.PublishedLimits(), 1)
+		w.stack.EC2.EnableBuckets(ec2server.PublishedLimits(), scale)
 		b.StartTimer()
 		res, err := burst.Run(ctx)
 		b.StopTimer()
@@ -113,15 +119,34 @@ func BenchmarkBurstPublished(b *testing.B) {
 	}
 }
 
+// twoContainerPods is how many Pods of two containers end at once in
+// BenchmarkBurstTwoContainers.
+const twoContainerPods = 2000
+
+// BenchmarkBurstTwoContainers lets twoContainerPods Pods of two regular
+// containers end at once, at the published buckets refilled ×
+// burstScale: each Pod's first container ends, its line delivered on its
+// own, then its last. It measures what a Pod's second container costs:
+// the requests per container exit.
+func BenchmarkBurstTwoContainers(b *testing.B) {
+	w, burst := newBurstWith(b, "reaper-bench-two-containers", replay.BurstOptions{Exits: twoContainerPods, Containers: 2, Scale: burstScale})
+	runBursts(b, w, burst, burstScale)
+}
+
 // newBurst stops the timer and sets up a burst of exits Pods with its own
 // ledger table, EC2's published buckets refilled × scale, and both state
 // changes of each terminated instance; it is stopped with the benchmark.
 func newBurst(b *testing.B, table string, exits int, scale float64) (*world, *replay.Burst) {
+	return newBurstWith(b, table, replay.BurstOptions{Exits: exits, Scale: scale})
+}
+
+// newBurstWith is newBurst with opts, both state changes of each
+// terminated instance delivered.
+func newBurstWith(b *testing.B, table string, opts replay.BurstOptions) (*world, *replay.Burst) {
 	b.StopTimer()
 	w := getWorld(b)
-	burst, err := replay.NewBurst(context.Background(), w.stack, table, buildBootstraps(b), replay.BurstOptions{
-		Exits: exits, Scale: scale, StateChanges: true, Progress: os.Stderr,
-	})
+	opts.StateChanges, opts.Progress = true, os.Stderr
+	burst, err := replay.NewBurst(context.Background(), w.stack, table, buildBootstraps(b), opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -345,6 +370,9 @@ func reportBurst(b *testing.B, res *replay.BurstResult, base *baselineResult) {
 	b.ReportMetric(percentile(lat, 50).Seconds(), "pod-terminal-p50-s")
 	b.ReportMetric(percentile(lat, 99).Seconds(), "pod-terminal-p99-s")
 	b.ReportMetric(float64(kube)/n, "kube-requests/exit")
+	containerExits := n * float64(max(1, res.Containers))
+	b.ReportMetric(float64(kube)/containerExits, "kube-requests/container-exit")
+	b.ReportMetric(float64(ddb)/containerExits, "ddb-requests/container-exit")
 	b.ReportMetric(float64(ddb)/n, "ddb-requests/exit")
 	b.ReportMetric(float64(sqsReqs)/n, "sqs-requests/exit")
 	b.ReportMetric(float64(res.Invocations), "invocations")
@@ -356,7 +384,7 @@ func reportBurst(b *testing.B, res *replay.BurstResult, base *baselineResult) {
 
 	var t strings.Builder
 	row := func(what, burst, baseline string) { fmt.Fprintf(&t, "| %s | %s | %s |\n", what, burst, baseline) }
-	fmt.Fprintf(&t, "\n| %d exits, buckets at the published limits, refill × %g | work queue | one call per exit |\n|---|---|---|\n", res.Exits, res.Scale)
+	fmt.Fprintf(&t, "\n| %d exits (%d containers a Pod), buckets at the published limits, refill × %g | work queue | one call per exit |\n|---|---|---|\n", res.Exits, max(1, res.Containers), res.Scale)
 	row("DescribeInstances requests", fmt.Sprint(res.EC2["DescribeInstances"]), fmt.Sprint(base.ec2["DescribeInstances"]))
 	row("TerminateInstances requests", fmt.Sprint(res.EC2["TerminateInstances"]), fmt.Sprint(base.ec2["TerminateInstances"]))
 	row("requests refused (RequestLimitExceeded)", fmt.Sprintf("%d %v", refusals, res.Refused), fmt.Sprintf("%d %v", sum(base.refused), base.refused))
@@ -368,6 +396,9 @@ func reportBurst(b *testing.B, res *replay.BurstResult, base *baselineResult) {
 	row("Pod terminal after its delivery, p50 / p99", fmt.Sprintf("%s / %s", secs(percentile(lat, 50)), secs(percentile(lat, 99))), "—")
 	row("Kubernetes requests per exit", fmt.Sprintf("%.2f %v", float64(kube)/n, res.Kube), "—")
 	row("DynamoDB requests per exit", fmt.Sprintf("%.2f %v", float64(ddb)/n, res.Dynamo), "—")
+	if res.Containers > 1 {
+		row("Kubernetes / DynamoDB requests per container exit", fmt.Sprintf("%.2f / %.2f", float64(kube)/containerExits, float64(ddb)/containerExits), "—")
+	}
 	row("SQS requests per exit (work queue)", fmt.Sprintf("%.2f %v", float64(sqsReqs)/n, res.SQS), "—")
 	row("state-change events delivered", fmt.Sprint(res.StateEvents), "—")
 	row("reconciler invocations (failed)", fmt.Sprintf("%d (%d)", res.Invocations, res.FailedInvocations), "—")

@@ -1,33 +1,25 @@
 package deploy_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/yaml"
 
 	"github.com/reaper-k8s/reaper/deploy"
 	"github.com/reaper-k8s/reaper/internal/labstack"
@@ -53,33 +45,11 @@ const (
 // template` does, and decodes every object.
 func renderObjects(t *testing.T, values map[string]any) []runtime.Object {
 	t.Helper()
-	manifest, err := deploy.Template(t.Context(), values)
+	objs, err := deploy.Objects(t.Context(), values)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var objs []runtime.Object
-	docs := utilyaml.NewYAMLReader(bufio.NewReader(strings.NewReader(manifest)))
-	for {
-		doc, err := docs.Read()
-		if errors.Is(err, io.EOF) {
-			return objs
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		js, err := yaml.YAMLToJSON(doc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if string(js) == "null" {
-			continue
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		objs = append(objs, obj)
-	}
+	return objs
 }
 
 // only returns the single object of type T among objs.
@@ -101,30 +71,8 @@ func only[T runtime.Object](t *testing.T, objs []runtime.Object) T {
 // create creates one object of the kinds the chart renders.
 func create(t *testing.T, client kubernetes.Interface, obj runtime.Object) {
 	t.Helper()
-	ctx, opts := t.Context(), metav1.CreateOptions{}
-	var err error
-	switch obj := obj.(type) {
-	case *corev1.Namespace:
-		_, err = client.CoreV1().Namespaces().Create(ctx, obj, opts)
-	case *corev1.ServiceAccount:
-		_, err = client.CoreV1().ServiceAccounts(obj.Namespace).Create(ctx, obj, opts)
-	case *rbacv1.ClusterRole:
-		_, err = client.RbacV1().ClusterRoles().Create(ctx, obj, opts)
-	case *rbacv1.ClusterRoleBinding:
-		_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, obj, opts)
-	case *admissionregistrationv1.ValidatingAdmissionPolicy:
-		_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, obj, opts)
-	case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
-		_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, obj, opts)
-	case *flowcontrolv1.FlowSchema:
-		_, err = client.FlowcontrolV1().FlowSchemas().Create(ctx, obj, opts)
-	case *flowcontrolv1.PriorityLevelConfiguration:
-		_, err = client.FlowcontrolV1().PriorityLevelConfigurations().Create(ctx, obj, opts)
-	default:
-		t.Fatalf("unexpected object %T", obj)
-	}
-	if err != nil {
-		t.Fatalf("create %T: %v", obj, err)
+	if err := deploy.Create(t.Context(), client, obj); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -49,6 +49,7 @@ func runReplay(ctx context.Context, args []string) error {
 	for _, run := range []func() (replay.Result, error){
 		func() (replay.Result, error) { return lab.Replicas30(ctx, dir, os.Stderr) },
 		func() (replay.Result, error) { return lab.Spot10(ctx, dir, exitWait, os.Stderr) },
+		func() (replay.Result, error) { return lab.SeedJob(ctx, os.Stderr) },
 	} {
 		res, err := run()
 		if err != nil {

@@ -497,6 +497,20 @@ func (s *Stack) ReaperRESTConfig() *rest.Config {
 	return c
 }
 
+// ReaperKubeconfig writes a kubeconfig for ReaperRESTConfig's user (the
+// group "reaper", which the chart binds) and returns its path, for
+// functions that must run as Reaper's own identity, under the chart's
+// RBAC and admission policy.
+func (s *Stack) ReaperKubeconfig() (string, error) {
+	cfg, err := clientcmd.LoadFromFile(s.KubeconfigPath)
+	if err != nil {
+		return "", err
+	}
+	cfg.AuthInfos["reaper-admin"] = &clientcmdapi.AuthInfo{Token: s.reaperToken}
+	path := filepath.Join(s.Dir, "kubeconfig-reaper")
+	return path, clientcmd.WriteToFile(*cfg, path)
+}
+
 // StopAPIServer kills the apiserver (etcd keeps running) to simulate a
 // Kubernetes API outage. Requests fail with "connection refused" until
 // StartAPIServer.

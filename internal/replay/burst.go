@@ -168,7 +168,7 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 	run := burstRuns.Add(1)
 	n := b.opts.Exits
 	stack := b.Lab.Stack
-	res := &BurstResult{Exits: n, Scale: b.opts.Scale, Share: b.opts.Share, Namespace: fmt.Sprintf("burst-%d", run), Pods: make([]BurstPod, n),
+	res := &BurstResult{Exits: n, Containers: b.opts.Containers, Scale: b.opts.Scale, Share: b.opts.Share, Namespace: fmt.Sprintf("burst-%d", run), Pods: make([]BurstPod, n),
 		Provider: b.opts.Provider}
 	bar := NewProgress(b.opts.Progress, "burst", n)
 	node := ""
@@ -271,7 +271,7 @@ func (b *Burst) Run(ctx context.Context) (*BurstResult, error) {
 // payloads: running Pods on VirtualNode, or with node Pods bound to it for
 // its provider to report Running.
 func (b *Burst) createPods(ctx context.Context, run int64, node string, res *BurstResult, bar *Progress) ([]Exit, error) {
-	exits, err := b.Lab.createExits(ctx, res.Namespace, node, len(res.Pods), func(i int) (string, string, int) {
+	exits, err := b.Lab.createExits(ctx, res.Namespace, node, len(res.Pods), b.opts.Containers, func(i int) (string, string, int) {
 		code := 0
 		if i%7 == 6 {
 			code = 1
@@ -306,6 +306,11 @@ func (b *Burst) deliver(ctx context.Context, res *BurstResult, exits []Exit, del
 					payload, errs[i] = exitPayloadAt(exits[i], i, at.Add(-hosts.plan[i].lineAge))
 				}
 				res.Pods[i].Delivered = at
+				for _, before := range exits[i].Before {
+					if errs[i] == nil {
+						errs[i] = invokeExpect(ctx, f, before, func(s intake.ExitSummary) bool { return s.Recorded == 1 && s.Queued == 1 })
+					}
+				}
 				if errs[i] == nil {
 					errs[i] = invokeExpect(ctx, f, payload, func(s intake.ExitSummary) bool { return s.Recorded == 1 && s.Queued == 1 })
 				}

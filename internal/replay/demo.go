@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -12,8 +13,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/reaper-k8s/reaper/internal/ec2server"
+	"github.com/reaper-k8s/reaper/pkg/exitline"
 )
 
 // Row is one Pod of a demo run as it ended.
@@ -211,4 +214,71 @@ func (l *Lab) Spot10(ctx context.Context, recordings string, exitWait time.Durat
 	res.EC2Requests = l.Stack.EC2.TallySince(before).Requests
 	res.Rows, err = l.rows(ctx, sc)
 	return res, err
+}
+
+// SeedJob is the third demo: the node-installer Job's Pod, an init
+// container (downloader) and then the installer (provisioner), whose run a
+// container runtime restart interrupts. The downloader's end is shown and
+// ends nothing: the demo fails if its line ends the Pod or its instance.
+// The installer's end ends the Pod Succeeded, and its instance once. A row
+// a container.
+func (l *Lab) SeedJob(ctx context.Context, progress io.Writer) (Result, error) {
+	const (
+		namespace, name = "installs", "node-installer-7xk2q"
+		id              = "i-05eed000000000001"
+	)
+	res := Result{Name: "seed job: an init container, then the installer across a runtime restart"}
+	pod, err := l.ShapedPod(ctx, namespace, name, PodShape{Init: []string{"downloader"}, Containers: []string{"provisioner"}, Policy: corev1.RestartPolicyNever}, true)
+	if err != nil {
+		return res, err
+	}
+	l.AddInstance(id, pod, true)
+	before := len(l.Stack.EC2.Calls())
+	lines := []exitline.Line{
+		{Container: "downloader", OthersRunning: true},
+		{Container: "provisioner", RuntimeRestarted: true},
+	}
+	bar := NewProgress(progress, "seed job", len(lines))
+	for i, line := range lines {
+		bar.Step(i, line.Container+"'s exit")
+		line.ContainerID = BareContainerID(pod) + line.Container
+		ev, err := ExitLogsEvent(id, pod, line, i+1)
+		if err != nil {
+			return res, err
+		}
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return res, err
+		}
+		start := time.Now()
+		if err := l.Invoke(ctx, "exitrecorder", b, nil); err != nil {
+			return res, err
+		}
+		res.Latencies = append(res.Latencies, time.Since(start))
+		if i == 0 {
+			p, err := l.ObservePod(ctx, namespace, name)
+			if err != nil {
+				return res, err
+			}
+			inst, _ := l.Stack.EC2.Instance(id)
+			if p.Phase != corev1.PodRunning || inst.State != ec2server.Running {
+				return res, fmt.Errorf("after the init container's exit the Pod is %s and its instance %s: the installer still runs", p.Phase, inst.State)
+			}
+		}
+	}
+	bar.Step(len(lines), "exit lines replayed")
+	res.EC2Requests = l.Stack.EC2.TallySince(before).Requests
+	p, err := l.Stack.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return res, err
+	}
+	inst, _ := l.Stack.EC2.Instance(id)
+	for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
+		row := Row{Pod: namespace + "/" + name + " " + cs.Name, ExitCode: "-", Phase: p.Status.Phase, Instance: id, State: inst.State}
+		if t := cs.State.Terminated; t != nil {
+			row.ExitCode, row.Reason = fmt.Sprint(t.ExitCode), t.Reason
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	return res, nil
 }

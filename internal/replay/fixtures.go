@@ -83,6 +83,69 @@ func (l *Lab) BoundPod(ctx context.Context, namespace, name, node string, policy
 	return pod, nil
 }
 
+// PodShape is a Pod of several containers: its init containers in order
+// (one whose name starts with "sidecar" is a native sidecar, an init
+// container with restartPolicy Always), its regular containers, its
+// restart policy and its terminationGracePeriodSeconds (0: the default).
+type PodShape struct {
+	Init, Containers []string
+	Policy           corev1.RestartPolicy
+	Grace            int64
+}
+
+// ShapedPod creates a Pod of shape bound to the virtual node. running
+// gives it the status a provider writes once the instance runs it:
+// Running, every regular container and sidecar running, the regular
+// init containers completed; otherwise it stays Pending with no status,
+// as a provider leaves a Pod whose instance is still starting.
+func (l *Lab) ShapedPod(ctx context.Context, namespace, name string, shape PodShape, running bool) (*corev1.Pod, error) {
+	if err := l.Stack.EnsureNamespaces(ctx, namespace); err != nil {
+		return nil, err
+	}
+	const image = "public.ecr.aws/docker/library/busybox:1.37"
+	spec := corev1.PodSpec{NodeName: VirtualNode, RestartPolicy: shape.Policy}
+	if shape.Grace > 0 {
+		spec.TerminationGracePeriodSeconds = &shape.Grace
+	}
+	for _, c := range shape.Init {
+		init := corev1.Container{Name: c, Image: image}
+		if strings.HasPrefix(c, "sidecar") {
+			init.RestartPolicy = new(corev1.ContainerRestartPolicyAlways)
+		}
+		spec.InitContainers = append(spec.InitContainers, init)
+	}
+	for _, c := range shape.Containers {
+		spec.Containers = append(spec.Containers, corev1.Container{Name: c, Image: image})
+	}
+	pods := l.Stack.Kube.CoreV1().Pods(namespace)
+	pod, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Spec: spec}, metav1.CreateOptions{})
+	if err != nil || !running {
+		return pod, err
+	}
+	started := metav1.NewTime(time.Now().Add(-time.Hour).Truncate(time.Second))
+	status := corev1.PodStatus{Phase: corev1.PodRunning, StartTime: &started}
+	run := func(name string) corev1.ContainerStatus {
+		return corev1.ContainerStatus{Name: name, Image: image, ContainerID: "docker://" + BareContainerID(pod) + name, Ready: true, Started: new(true),
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: started}}}
+	}
+	for _, c := range spec.InitContainers {
+		cs := run(c.Name)
+		if c.RestartPolicy == nil {
+			cs.Ready, cs.Started = false, new(false)
+			cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed", StartedAt: started, FinishedAt: started}}
+		}
+		status.InitContainerStatuses = append(status.InitContainerStatuses, cs)
+	}
+	for _, c := range spec.Containers {
+		status.ContainerStatuses = append(status.ContainerStatuses, run(c.Name))
+	}
+	patch, err := json.Marshal(map[string]any{"status": status})
+	if err != nil {
+		return nil, err
+	}
+	return pods.Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+}
+
 // ContainerID is the docker container ID the fixtures give a Pod's
 // container, with the runtime scheme.
 func ContainerID(pod *corev1.Pod) string {

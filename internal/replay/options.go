@@ -12,6 +12,12 @@ import (
 // instance of its own.
 type BurstOptions struct {
 	Exits int
+	// Containers is how many regular containers each Pod runs (default
+	// 1). With more, each of the others ends first, exit 0, its line
+	// (othersRunning) delivered on its own, then the Pod's last one with
+	// the Pod's exit code: Exits Pods make Exits × Containers container
+	// exits.
+	Containers int
 	// Senders are the exitrecorder environments the exit payloads are
 	// delivered through in parallel, as Lambda runs concurrent invocations
 	// of a subscription's payloads (default 4). With StateChanges as many
@@ -62,6 +68,9 @@ type BurstOptions struct {
 func (o BurstOptions) withDefaults() BurstOptions {
 	if o.Senders == 0 {
 		o.Senders = 4
+	}
+	if o.Containers == 0 {
+		o.Containers = 1
 	}
 	if o.Scale == 0 {
 		o.Scale = 1

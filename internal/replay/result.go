@@ -80,8 +80,11 @@ type BatchCost struct {
 // BurstResult is what a burst took and came to.
 type BurstResult struct {
 	Exits int
-	Scale float64
-	Share float64
+	// Containers is how many containers each Pod ran: Exits × Containers
+	// container exits.
+	Containers int
+	Scale      float64
+	Share      float64
 	// Namespace holds the burst's Pods.
 	Namespace string
 	Pods      []BurstPod
