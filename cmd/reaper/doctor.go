@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -56,7 +57,9 @@ func runDoctor(ctx context.Context, args []string) error {
 	fs.StringVar(&opts.Identity.Group, "group", doctor.DefaultIdentity.Group, "the Kubernetes group Reaper's functions authenticate in (the RBAC binding's group)")
 	fs.StringVar(&serviceAccount, "service-account", doctor.DefaultIdentity.ServiceAccountNamespace+"/"+doctor.DefaultIdentity.ServiceAccount,
 		"NAMESPACE/NAME of the ServiceAccount a kubeconfig of Reaper's authenticates as (the RBAC binding's)")
-	fs.StringVar(&opts.ProviderNodes, "provider-nodes", doctor.DefaultProviderNodes, "label selector of the provider's Nodes, which the admission policy must match")
+	fs.StringVar(&opts.ProviderNodes, "provider-nodes", doctor.DefaultProviderNodes,
+		"label selector of the provider's Nodes, whose names the admission policy's node prefix must match (virtual-kubelet labels its Nodes type=virtual-kubelet); "+
+			"while none matches, the provider not started yet, the admission check warns")
 	fs.DurationVar(&opts.LinesWithin, "lines-within", doctor.DefaultLinesWithin, "how far back an exit line counts as recent")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -77,6 +80,9 @@ func runDoctor(ctx context.Context, args []string) error {
 			return errors.New("name the deployment: -cluster (its REAPER_CLUSTER) or -stack (its CloudFormation stack)")
 		}
 		opts.StackName = doctor.DefaultStackName(opts.Cluster)
+	}
+	if sel, err := labels.Parse(opts.ProviderNodes); err != nil || sel.Empty() {
+		return fmt.Errorf("-provider-nodes %q: want a label selector of the provider's Nodes, e.g. %s", opts.ProviderNodes, doctor.DefaultProviderNodes)
 	}
 	if opts.LinesWithin <= 0 {
 		return fmt.Errorf("-lines-within %v: want a positive duration", opts.LinesWithin)

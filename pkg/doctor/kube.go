@@ -170,11 +170,11 @@ func (r *run) checkAdmission(ctx context.Context) {
 	if !ok {
 		return
 	}
-	nodes, ok := r.readProviderNodes(ctx, check)
+	prefix := settings.nodePrefix
+	nodes, ok := r.readProviderNodes(ctx, check, prefix)
 	if !ok {
 		return
 	}
-	prefix := settings.nodePrefix
 	matched, unmatched := splitByPrefix(nodes, prefix)
 	switch {
 	case len(matched) > 0 && len(unmatched) == 0:
@@ -241,17 +241,21 @@ func (r *run) readPolicySettings(check string, policy *admissionregistrationv1.V
 }
 
 // readProviderNodes lists the names of the Nodes Options.ProviderNodes
-// selects. With none the policy cannot be judged: it fails check and
-// answers false.
-func (r *run) readProviderNodes(ctx context.Context, check string) ([]string, bool) {
-	nodes, err := r.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: r.opts.ProviderNodes})
+// selects. With none the policy cannot be judged against them: the
+// provider has not started yet (deploy.md runs the doctor before it is
+// pointed at the stack, and again once it runs), or its Nodes carry other
+// labels. Nothing is known to be wrong, so it warns, saying which selector
+// matched nothing and what to do, and answers false.
+func (r *run) readProviderNodes(ctx context.Context, check, prefix string) ([]string, bool) {
+	sel := r.opts.ProviderNodes
+	nodes, err := r.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
-		r.add(check, Fail, "cannot list the Nodes "+r.opts.ProviderNodes+": "+err.Error(), kubeRightsFix)
+		r.add(check, Fail, "cannot list the Nodes "+sel+": "+err.Error(), kubeRightsFix)
 		return nil, false
 	}
 	if len(nodes.Items) == 0 {
-		r.add(check, Fail, "no Node is labelled "+r.opts.ProviderNodes+", so the doctor cannot tell whether the policy lets Reaper write the provider's Pods",
-			"start the provider's virtual node, or give the label selector its Nodes carry with -provider-nodes")
+		r.add(check, Warn, fmt.Sprintf("no provider Node yet: no Node matches -provider-nodes %q, so the doctor cannot tell whether node prefix %q matches the provider's Nodes", sel, prefix),
+			"start the provider (docs/provider.md) and run the doctor again; if it runs already, find the labels of its Nodes (kubectl get nodes --show-labels) and pass a selector of them with -provider-nodes")
 		return nil, false
 	}
 	names := make([]string, 0, len(nodes.Items))
