@@ -95,6 +95,7 @@ func run(ctx context.Context, m *testing.M) (int, error) {
 		provDone <- vkprovider.Run(provCtx, vkprovider.Config{
 			NodeName: nodeName, Cluster: labstack.Cluster, Kube: lab.Stack.Kube, EC2: ec2Client, Ledger: lab.Ledger,
 			ImageID: "ami-0123456789abcdef0", InstanceType: ec2types.InstanceTypeG5Xlarge, StatusSyncPeriod: syncPeriod,
+			InstanceProfile: hostProfile, SubnetIDs: hostSubnets, SecurityGroupIDs: hostSecurityGroups,
 		})
 	}()
 	defer func() {
@@ -430,6 +431,7 @@ func wantPodsEnded(t *testing.T, r *jobRun, n int, phase corev1.PodPhase, code i
 		t.Fatalf("%d Pods created, %d left; want %d", r.created, len(r.pods), n)
 	}
 	for _, pod := range r.pods {
+		wantHostLaunch(t, &pod)
 		if pod.Status.Phase != phase || len(pod.Status.ContainerStatuses) != 1 {
 			t.Fatalf("Pod %s: phase %s, %d container statuses; want %s and 1", pod.Name, pod.Status.Phase, len(pod.Status.ContainerStatuses), phase)
 		}

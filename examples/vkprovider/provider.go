@@ -42,7 +42,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -96,9 +98,28 @@ type Config struct {
 	EC2        *ec2.Client
 	// Ledger is Reaper's ledger table.
 	Ledger *ledger.Table
-	// ImageID and InstanceType are what RunInstances launches.
+	// ImageID and InstanceType are what RunInstances launches. ImageID is
+	// required.
 	ImageID      string
 	InstanceType ec2types.InstanceType
+	// InstanceProfile is the IAM instance profile every instance launches
+	// with, its ARN or its name: the host's CloudWatch agent ships the exit
+	// lines with its role's credentials, so the role must carry the
+	// stack's AgentPolicyArn (docs/provider.md, "IAM the instance needs"),
+	// and the provider's own role iam:PassRole on it. Required: a host
+	// without it ships no line, and Reaper learns of its Pod's exit only
+	// as a loss.
+	InstanceProfile string
+	// SubnetIDs are the subnets instances launch in; each Pod's instance
+	// goes to one picked by its Pod UID, so that a retried launch (same
+	// client token) names the same subnet. They must reach CloudWatch Logs
+	// and the image registry (a NAT gateway, or VPC endpoints). Empty: a
+	// default subnet of the default VPC, as EC2 picks it.
+	SubnetIDs []string
+	// SecurityGroupIDs are the security groups of every instance, of the
+	// subnets' VPC; they must allow outbound HTTPS. Empty: the VPC's
+	// default security group.
+	SecurityGroupIDs []string
 	// StatusSyncPeriod is how often the status of each live Pod is
 	// recomputed (default 5s, virtual-kubelet's own period). Each period
 	// costs ⌈live Pods / 1,000⌉ DescribeInstances naming the instances (and
@@ -132,11 +153,8 @@ func Run(ctx context.Context, cfg Config) error {
 
 // run is Run with the pod handler that newHandler makes.
 func run(ctx context.Context, cfg Config, newHandler func(Config, corev1listers.PodLister) node.PodLifecycleHandler) error {
-	if !strings.HasPrefix(cfg.NodeName, NodePrefix) {
-		return fmt.Errorf("vkprovider: node name %q does not start with %q", cfg.NodeName, NodePrefix)
-	}
-	if cfg.Cluster == "" || cfg.Kube == nil || cfg.EC2 == nil {
-		return errors.New("vkprovider: Cluster, Kube and EC2 are required")
+	if err := cfg.validate(); err != nil {
+		return err
 	}
 	if cfg.StatusSyncPeriod <= 0 {
 		cfg.StatusSyncPeriod = 5 * time.Second
@@ -193,6 +211,82 @@ func run(ctx context.Context, cfg Config, newHandler func(Config, corev1listers.
 		return nil
 	}
 	return err
+}
+
+// The forms of EC2's resource ids and of IAM's instance profiles.
+var (
+	subnetID        = regexp.MustCompile(`^subnet-(?:[0-9a-f]{8}|[0-9a-f]{17})$`)
+	securityGroupID = regexp.MustCompile(`^sg-(?:[0-9a-f]{8}|[0-9a-f]{17})$`)
+	profileName     = regexp.MustCompile(`^[\w+=,.@-]{1,128}$`)
+	profileARN      = regexp.MustCompile(`^arn:aws[a-z-]*:iam::\d{12}:instance-profile/(?:[\x21-\x7e]*/)?[\w+=,.@-]{1,128}$`)
+)
+
+// maxSecurityGroups is EC2's most security groups on one network
+// interface (the quota's ceiling; its default is 5).
+const maxSecurityGroups = 16
+
+// validate says what is wrong with the configuration, every problem at
+// once.
+func (cfg Config) validate() error {
+	var errs []error
+	if !strings.HasPrefix(cfg.NodeName, NodePrefix) {
+		errs = append(errs, fmt.Errorf("node name %q does not start with %q", cfg.NodeName, NodePrefix))
+	}
+	if cfg.Cluster == "" || cfg.Kube == nil || cfg.EC2 == nil {
+		errs = append(errs, errors.New("fields Cluster, Kube and EC2 are required"))
+	}
+	if cfg.ImageID == "" {
+		errs = append(errs, errors.New("ImageID is required"))
+	}
+	switch {
+	case cfg.InstanceProfile == "":
+		errs = append(errs, errors.New("InstanceProfile is required: without a role the hosts' CloudWatch agent ships no exit line"))
+	case !profileName.MatchString(cfg.InstanceProfile) && !profileARN.MatchString(cfg.InstanceProfile):
+		errs = append(errs, fmt.Errorf("InstanceProfile %q is neither an instance profile's name nor its ARN (arn:aws:iam::ACCOUNT:instance-profile/NAME)", cfg.InstanceProfile))
+	}
+	ids := func(field string, ids []string, form *regexp.Regexp, example string) {
+		seen := map[string]bool{}
+		for _, id := range ids {
+			switch {
+			case !form.MatchString(id):
+				errs = append(errs, fmt.Errorf("%s: %q is not an id like %s", field, id, example))
+			case seen[id]:
+				errs = append(errs, fmt.Errorf("%s: %s is named twice", field, id))
+			}
+			seen[id] = true
+		}
+	}
+	ids("SubnetIDs", cfg.SubnetIDs, subnetID, "subnet-0123456789abcdef0")
+	ids("SecurityGroupIDs", cfg.SecurityGroupIDs, securityGroupID, "sg-0123456789abcdef0")
+	if n := len(cfg.SecurityGroupIDs); n > maxSecurityGroups {
+		errs = append(errs, fmt.Errorf("SecurityGroupIDs: %d, more than the %d EC2 allows on an instance", n, maxSecurityGroups))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("vkprovider: %w", err)
+	}
+	return nil
+}
+
+// subnetOf is the subnet the Pod's instance launches in: one of
+// Config.SubnetIDs picked by the Pod's UID, or nil when there are none.
+// The same Pod always gets the same subnet, as a retried RunInstances with
+// its client token must name it.
+func (cfg Config) subnetOf(uid types.UID) *string {
+	if len(cfg.SubnetIDs) == 0 {
+		return nil
+	}
+	h := fnv.New32a()
+	h.Write([]byte(uid))
+	return aws.String(cfg.SubnetIDs[h.Sum32()%uint32(len(cfg.SubnetIDs))])
+}
+
+// instanceProfile is Config.InstanceProfile as RunInstances takes it: by
+// ARN or by name.
+func (cfg Config) instanceProfile() *ec2types.IamInstanceProfileSpecification {
+	if strings.HasPrefix(cfg.InstanceProfile, "arn:") {
+		return &ec2types.IamInstanceProfileSpecification{Arn: aws.String(cfg.InstanceProfile)}
+	}
+	return &ec2types.IamInstanceProfileSpecification{Name: aws.String(cfg.InstanceProfile)}
 }
 
 func virtualNode(name string) *corev1.Node {
@@ -275,6 +369,10 @@ func (p *provider) launch(ctx context.Context, pod *corev1.Pod) (string, error) 
 	out, err := p.cfg.EC2.RunInstances(ctx, &ec2.RunInstancesInput{
 		MinCount: aws.Int32(1), MaxCount: aws.Int32(1),
 		ImageId: aws.String(p.cfg.ImageID), InstanceType: p.cfg.InstanceType,
+		// The role the CloudWatch agent ships the exit lines with.
+		IamInstanceProfile:                p.cfg.instanceProfile(),
+		SubnetId:                          p.cfg.subnetOf(pod.UID),
+		SecurityGroupIds:                  p.cfg.SecurityGroupIDs,
 		UserData:                          aws.String(ls.UserDataBase64),
 		InstanceInitiatedShutdownBehavior: ec2types.ShutdownBehavior(ls.InstanceInitiatedShutdownBehavior),
 		MetadataOptions: &ec2types.InstanceMetadataOptionsRequest{

@@ -35,6 +35,7 @@ func TestE2ENoRaceWithInstanceStateProvider(t *testing.T) {
 		done <- vkprovider.RunStatusFromInstance(provCtx, vkprovider.Config{
 			NodeName: raceNode, Cluster: labstack.Cluster, Kube: lab.Stack.Kube, EC2: ec2Client,
 			ImageID: "ami-0123456789abcdef0", InstanceType: ec2types.InstanceTypeG5Xlarge, StatusSyncPeriod: 5 * time.Millisecond,
+			InstanceProfile: hostProfile, SubnetIDs: hostSubnets, SecurityGroupIDs: hostSecurityGroups,
 		})
 	}()
 	t.Cleanup(func() {

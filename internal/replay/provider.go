@@ -103,6 +103,7 @@ func (b *Burst) startProvider(ctx context.Context, node string, instances map[ty
 		// calls name instances without a filter: the unfiltered bucket).
 		EC2:     ec2.NewFromConfig(ec2Cfg),
 		ImageID: "ami-0123456789abcdef0", InstanceType: ec2types.InstanceTypeG5Xlarge,
+		InstanceProfile:  "reaper-host",
 		StatusSyncPeriod: b.opts.ProviderPoll,
 		InstanceOf: func(pod *corev1.Pod) (string, bool) {
 			id, ok := instances[pod.UID]
