@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/reaper-k8s/reaper/deploy"
 	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/kube"
 	"github.com/reaper-k8s/reaper/pkg/model"
@@ -85,7 +86,7 @@ func TestAdmissionPolicy(t *testing.T) {
 	ctx := t.Context()
 	stack := labstack.MustStart(t, labstack.Options{Parts: labstack.Kube})
 	admin := stack.Kube
-	objs := applyChart(t, admin, nil)
+	objs := applyChart(t, admin, deploy.Namespace, nil)
 
 	// A ServiceAccount an operator might bind in place of reaper/reaper.
 	ids := boundIdentities(t, stack, objs)
@@ -273,8 +274,8 @@ func assertShapeWrites(t *testing.T, id identity, admin kubernetes.Interface, po
 }
 
 // TestAdmissionPolicyValues applies the chart with other values than its
-// defaults: other identities (the group "gpu-reaper", the namespace
-// "gpu-reaper"), another node prefix and a provider label. Each identity
+// defaults: other identities (the group "gpu-reaper", the release's
+// namespace "gpu-reaper"), another node prefix and a provider label. Each identity
 // may write a Pod on a node of the new prefix or carrying the label, and
 // no other, not even one on the default prefix's nodes.
 func TestAdmissionPolicyValues(t *testing.T) {
@@ -282,8 +283,8 @@ func TestAdmissionPolicyValues(t *testing.T) {
 	stack := labstack.MustStart(t, labstack.Options{Parts: labstack.Kube})
 	admin := stack.Kube
 	const labelKey, labelValue = "example.com/provider", "reaper"
-	objs := applyChart(t, admin, map[string]any{
-		"identity": map[string]any{"group": "gpu-reaper", "namespace": "gpu-reaper"},
+	objs := applyChart(t, admin, "gpu-reaper", map[string]any{
+		"identity": map[string]any{"group": "gpu-reaper"},
 		"admission": map[string]any{
 			"providerNodePrefix": "gpu-vk-",
 			"providerLabel":      map[string]any{"key": labelKey, "value": labelValue},

@@ -20,10 +20,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Objects are the chart's objects rendered with values (Template),
-// decoded.
-func Objects(ctx context.Context, values map[string]any) ([]runtime.Object, error) {
-	manifest, err := Template(ctx, values)
+// Objects are the chart's objects rendered for namespace with values
+// (Template), decoded.
+func Objects(ctx context.Context, namespace string, values map[string]any) ([]runtime.Object, error) {
+	manifest, err := Template(ctx, namespace, values)
 	if err != nil {
 		return nil, err
 	}

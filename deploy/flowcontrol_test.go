@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/reaper-k8s/reaper/deploy"
 	"github.com/reaper-k8s/reaper/internal/labstack"
 )
 
@@ -25,7 +26,7 @@ func TestFlowControl(t *testing.T) {
 	ctx := t.Context()
 	stack := labstack.MustStart(t, labstack.Options{Parts: labstack.Kube})
 	admin := stack.Kube
-	applyChart(t, admin, nil)
+	applyChart(t, admin, deploy.Namespace, nil)
 	schema, err := admin.FlowcontrolV1().FlowSchemas().Get(ctx, "reaper", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -41,15 +41,28 @@ const (
 	hostIP = "10.1.0.5"
 )
 
-// renderObjects renders the chart with values over its defaults, as `helm
-// template` does, and decodes every object.
-func renderObjects(t *testing.T, values map[string]any) []runtime.Object {
+// renderObjects renders the chart for namespace with values over its
+// defaults, as `helm template -n <namespace>` does, and decodes every
+// object.
+func renderObjects(t *testing.T, namespace string, values map[string]any) []runtime.Object {
 	t.Helper()
-	objs, err := deploy.Objects(t.Context(), values)
+	objs, err := deploy.Objects(t.Context(), namespace, values)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return objs
+}
+
+// withNamespaceCreated returns values with namespace.create set, as the
+// manifests of deploy/ are rendered: nothing else creates the namespace
+// when they are applied.
+func withNamespaceCreated(values map[string]any) map[string]any {
+	values = maps.Clone(values)
+	if values == nil {
+		values = map[string]any{}
+	}
+	values["namespace"] = map[string]any{"create": true}
+	return values
 }
 
 // only returns the single object of type T among objs.
@@ -76,10 +89,12 @@ func create(t *testing.T, client kubernetes.Interface, obj runtime.Object) {
 	}
 }
 
-// applyChart renders the chart with values and creates its objects.
-func applyChart(t *testing.T, client kubernetes.Interface, values map[string]any) []runtime.Object {
+// applyChart renders the chart for namespace with values, creating the
+// namespace as deploy/ does, and creates its objects, as `kubectl apply`
+// does with the rendering.
+func applyChart(t *testing.T, client kubernetes.Interface, namespace string, values map[string]any) []runtime.Object {
 	t.Helper()
-	objs := renderObjects(t, values)
+	objs := renderObjects(t, namespace, withNamespaceCreated(values))
 	for _, obj := range objs {
 		create(t, client, obj)
 	}

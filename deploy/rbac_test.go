@@ -12,7 +12,7 @@ import (
 // and list Pods, patch pods/status, create Events, read kube-system, and
 // nothing more; and its binding to the two identities the admission policy
 // covers, with the default values and with others: the group and the
-// ServiceAccount of the namespace the chart creates.
+// ServiceAccount, in the release's namespace.
 func TestRBAC(t *testing.T) {
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}},
@@ -24,15 +24,14 @@ func TestRBAC(t *testing.T) {
 		name                      string
 		values                    map[string]any
 		group, namespace, account string
-		namespaceCreated          bool
 	}{
-		{"defaults", nil, "reaper", "reaper", "reaper", true},
+		{"defaults", nil, "reaper", "reaper", "reaper"},
 		{"other identities", map[string]any{"identity": map[string]any{
-			"group": "ops:reaper", "namespace": "reaper-prod", "serviceAccount": "reconciler", "createNamespace": false,
-		}}, "ops:reaper", "reaper-prod", "reconciler", false},
+			"group": "ops:reaper", "serviceAccount": "reconciler",
+		}}, "ops:reaper", "reaper-prod", "reconciler"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			objs := renderObjects(t, tc.values)
+			objs := renderObjects(t, tc.namespace, tc.values)
 			role := only[*rbacv1.ClusterRole](t, objs)
 			if !reflect.DeepEqual(role.Rules, want) {
 				t.Errorf("rules %+v\nwant %+v", role.Rules, want)
@@ -51,15 +50,6 @@ func TestRBAC(t *testing.T) {
 			sa := only[*corev1.ServiceAccount](t, objs)
 			if sa.Namespace != tc.namespace || sa.Name != tc.account {
 				t.Errorf("ServiceAccount %s/%s, want %s/%s", sa.Namespace, sa.Name, tc.namespace, tc.account)
-			}
-			var namespaces []string
-			for _, obj := range objs {
-				if ns, ok := obj.(*corev1.Namespace); ok {
-					namespaces = append(namespaces, ns.Name)
-				}
-			}
-			if created := reflect.DeepEqual(namespaces, []string{tc.namespace}); created != tc.namespaceCreated || (!created && len(namespaces) > 0) {
-				t.Errorf("the chart creates the namespaces %v; want %q created: %v", namespaces, tc.namespace, tc.namespaceCreated)
 			}
 		})
 	}
