@@ -13,6 +13,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/cli"
 	"github.com/reaper-k8s/reaper/pkg/app"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
 func init() {
@@ -30,6 +31,9 @@ func runLedger(ctx context.Context, args []string) error {
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if fs.Arg(0) == "get" && fs.NArg() == 2 && !model.ValidInstanceID(fs.Arg(1)) {
+		return fmt.Errorf("%.40q is not an EC2 instance id: i- and 8 or 17 lower-case hex digits", fs.Arg(1))
 	}
 	table := os.Getenv("REAPER_TABLE")
 	if table == "" {

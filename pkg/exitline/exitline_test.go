@@ -45,6 +45,7 @@ func TestParseRejects(t *testing.T) {
 		"other kind":         {strings.Replace(good, `"container-exit"`, `"heartbeat"`, 1), `reaper is "heartbeat"`},
 		"version 2":          {strings.Replace(good, `"v":1`, `"v":2`, 1), "unsupported version v=2"},
 		"bad instance":       {strings.Replace(good, `i-0123456789abcdef0`, `host-7`, 1), `instanceId "host-7"`},
+		"ten-digit instance": {strings.Replace(good, `i-0123456789abcdef0`, `i-0123456789`, 1), `instanceId "i-0123456789"`},
 		"no pod uid":         {strings.Replace(good, `"podUID":"6b9a1c2e-0000-4000-8000-000000000001"`, `"podUID":""`, 1), "podUID is missing"},
 		"exit code range":    {strings.Replace(good, `"exitCode":0`, `"exitCode":300`, 1), "out of range"},
 		"unknown no why":     {strings.Replace(good, `"exitCode":0`, `"exitCode":-1`, 1), "needs an error"},
@@ -156,6 +157,13 @@ func TestFromLogsEventStreamAndControl(t *testing.T) {
 	bad, _ := Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: "ip-10-0-0-1", LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Message: good}}})
 	if _, err := FromLogsEvent(bad, received); err == nil || !strings.Contains(err.Error(), "not an EC2 instance id") {
 		t.Fatalf("bad stream: %v", err)
+	}
+	// EC2 takes 8 or 17 hex digits: a stream of 10 names no instance, even
+	// when its line names the same.
+	tenDigits := strings.Replace(good, `i-0123456789abcdef0`, `i-0123456789`, 1)
+	short, _ := Encode(events.CloudwatchLogsData{MessageType: "DATA_MESSAGE", LogStream: "i-0123456789", LogEvents: []events.CloudwatchLogsLogEvent{{ID: "1", Message: tenDigits}}})
+	if b, err := FromLogsEvent(short, received); !errors.Is(err, ErrBadStream) || len(b.Lines) != 0 || !strings.Contains(err.Error(), `"i-0123456789"`) {
+		t.Fatalf("a stream of 10 hex digits: %+v, %v, want ErrBadStream naming it", b, err)
 	}
 	ctl, _ := Encode(events.CloudwatchLogsData{MessageType: "CONTROL_MESSAGE", LogStream: "test"})
 	if b, err := FromLogsEvent(ctl, received); err != nil || !b.Control {

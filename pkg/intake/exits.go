@@ -77,8 +77,10 @@ func (in *Intake) HandleLogsEvent(ctx context.Context, ev events.CloudwatchLogsE
 	batch, err := exitline.FromLogsEvent(ev, in.Now())
 	if err != nil {
 		// A payload that cannot be decoded or attributed will not decode
-		// better on a retry: log it and count it, do not fail.
-		in.Log.ErrorContext(ctx, "payload rejected", "error", err)
+		// better on a retry: log it and count it, do not fail. A stream
+		// not named as EC2 names instances (exitline.ErrBadStream) is one:
+		// its lines name no instance Reaper could ask EC2 about.
+		in.Log.ErrorContext(ctx, "payload rejected", "reason", model.ReasonUndecodable, "error", err)
 		var sum ExitSummary
 		sum.reject(model.ReasonUndecodable)
 		in.recordRejections(sum)

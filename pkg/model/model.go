@@ -146,7 +146,7 @@ func (o Outcome) ExitOf(name string) *Exit {
 }
 
 var (
-	instanceIDPattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
+	instanceIDPattern = regexp.MustCompile(`^i-([0-9a-f]{8}|[0-9a-f]{17})$`)
 	uuidPattern       = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 )
 
@@ -154,6 +154,9 @@ var (
 // a UUID.
 func ValidUID(uid string) bool { return uuidPattern.MatchString(uid) }
 
-// ValidInstanceID reports whether id has the shape of an EC2 instance id:
-// "i-" and 8 to 17 hexadecimal digits.
+// ValidInstanceID reports whether id has the shape EC2 accepts for an
+// instance id: "i-" and 8 or 17 lower-case hexadecimal digits. EC2 fails a
+// whole call naming any other (InvalidInstanceID.Malformed), so an id of
+// another length is refused where it enters Reaper (a log stream, a line,
+// a work item, a state change) and costs its own claim only.
 func ValidInstanceID(id string) bool { return instanceIDPattern.MatchString(id) }

@@ -77,6 +77,23 @@ func TestTagKeysWithDefaults(t *testing.T) {
 	}
 }
 
+// The instance ids EC2 accepts: "i-" and 8 or 17 lower-case hex digits.
+// Every other length EC2 answers InvalidInstanceID.Malformed, failing the
+// whole call that names it.
+func TestValidInstanceID(t *testing.T) {
+	for n := 0; n <= 20; n++ {
+		id := "i-" + strings.Repeat("0123456789abcdef", 2)[:n]
+		if got, want := ValidInstanceID(id), n == 8 || n == 17; got != want {
+			t.Errorf("ValidInstanceID(%q) (%d digits) = %v, want %v", id, n, got, want)
+		}
+	}
+	for _, id := range []string{"i-0123456789ABCDEF0", "i-0123456789abcdeg0", "I-0123456789abcdef0", " i-01234567", "i-01234567\n", "i-"} {
+		if ValidInstanceID(id) {
+			t.Errorf("ValidInstanceID(%q) = true", id)
+		}
+	}
+}
+
 // The keys EC2 accepts on an instance whose tags the instance metadata
 // shows.
 func TestValidMetadataTagKey(t *testing.T) {

@@ -27,6 +27,7 @@ func TestParse(t *testing.T) {
 		"other source": {events.CloudWatchEvent{Source: "aws.events", DetailType: "Scheduled Event"}, "not an EC2 state change"},
 		"bad detail":   {event(`[`), "state change detail"},
 		"bad id":       {event(`{"instance-id":"web-1","state":"running"}`), "not an EC2 instance id"},
+		"ten digits":   {event(`{"instance-id":"i-0123456789","state":"stopped"}`), `instance-id "i-0123456789" is not an EC2 instance id`},
 		"bad state":    {event(`{"instance-id":"i-0123456789abcdef0","state":"melting"}`), "unknown state"},
 	} {
 		if _, err := Parse(tc.ev); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -269,6 +269,8 @@ func TestParseRejects(t *testing.T) {
 		`{"v":2,"kind":"sweep","instanceId":"i-0123456789abcdef0"}`:              "version 2",
 		`{"v":1,"kind":"sweep"}`:                                                 `instanceId "" is not an EC2 instance id`,
 		`{"v":1,"kind":"sweep","instanceId":"i-../../x"}`:                        `instanceId "i-../../x" is not an EC2 instance id`,
+		`{"v":1,"kind":"sweep","instanceId":"i-0123456789"}`:                     `instanceId "i-0123456789" is not an EC2 instance id`,
+		`{"v":1,"kind":"sweep","instanceId":"i-0123456789abcdef"}`:               `instanceId "i-0123456789abcdef" is not an EC2 instance id`,
 		`{"v":1,"kind":"exit","instanceId":"i-0123456789abcdef0"}`:               "without pod or exit",
 		`{"v":1,"kind":"state","instanceId":"i-0123456789abcdef0"}`:              "without state or time",
 		`{"v":1,"kind":"reboot","instanceId":"i-0123456789abcdef0"}`:             "unknown kind",
