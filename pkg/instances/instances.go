@@ -140,29 +140,75 @@ func (f *Fleet) Describe(ctx context.Context, ids []string) Described {
 // at a time: those it describes are Found; those its InvalidInstanceID.NotFound
 // names it does not know, and the call is made again without them. An id
 // that cannot be confirmed (the call failed, or no tokens) is Left, never
-// taken for unknown.
+// taken for unknown; when a call fails so, the rest of its chunk is Left
+// with it.
+//
+// One id EC2 would not take (InvalidInstanceID.Malformed: EC2 takes "i-"
+// and 8 or 17 hex digits, model.ValidInstanceID) fails the call for every
+// id it names, where a filter simply does not match it. It costs itself
+// only: the ids the error message names are answered unknown, as no
+// instance can have them, and the call is made again without them; when
+// the message names none, the call is split in halves until each
+// malformed id is asked alone and answered unknown.
 func (f *Fleet) confirm(ctx context.Context, absent []string, d Described) {
 	for chunk := range slices.Chunk(absent, describeChunk) {
-		ask := slices.Clone(chunk)
-		for len(ask) > 0 {
+		// calls are the calls still to make for the chunk, in order; a
+		// failed call's ids come back as smaller calls.
+		calls := [][]string{slices.Clone(chunk)}
+		for len(calls) > 0 {
+			ask := calls[0]
+			calls = calls[1:]
 			err := f.describe(ctx, &ec2.DescribeInstancesInput{InstanceIds: ask}, func(i Instance) error { d.Found[i.ID] = i; return nil })
+			if err == nil {
+				continue
+			}
 			var ae smithy.APIError
-			if err == nil || !errors.As(err, &ae) || ae.ErrorCode() != "InvalidInstanceID.NotFound" {
-				if err != nil {
-					leave(d.Left, ask, err)
+			code := ""
+			if errors.As(err, &ae) {
+				code = ae.ErrorCode()
+			}
+			switch code {
+			case "InvalidInstanceID.NotFound":
+				unknown := instanceIDInText.FindAllString(ae.ErrorMessage(), -1)
+				if rest := slices.DeleteFunc(slices.Clone(ask), func(id string) bool { return slices.Contains(unknown, id) }); len(rest) < len(ask) {
+					if len(rest) > 0 {
+						calls = append([][]string{rest}, calls...)
+					}
+					continue
 				}
-				break
-			}
-			unknown := instanceIDInText.FindAllString(ae.ErrorMessage(), -1)
-			rest := slices.DeleteFunc(slices.Clone(ask), func(id string) bool { return slices.Contains(unknown, id) })
-			if len(rest) == len(ask) {
 				// The message names none of them: none is confirmed.
-				leave(d.Left, ask, err)
-				break
+			case "InvalidInstanceID.Malformed":
+				calls = append(splitMalformed(ask, ae.ErrorMessage()), calls...)
+				continue
 			}
-			ask = rest
+			leave(d.Left, slices.Concat(ask, slices.Concat(calls...)), err)
+			break
 		}
 	}
+}
+
+// anyInstanceIDInText finds what an error message quotes as an instance
+// id, of any length: EC2's InvalidInstanceID.Malformed quotes the id it
+// would not take.
+var anyInstanceIDInText = regexp.MustCompile(`i-[0-9a-zA-Z]+`)
+
+// splitMalformed returns the calls left to make after a by-id call of ask
+// failed with InvalidInstanceID.Malformed: ask without the ids the message
+// names, those being answered unknown (no call of their own), or, when it
+// names none, ask's two halves. A call of one id is answered unknown.
+func splitMalformed(ask []string, message string) [][]string {
+	if len(ask) == 1 {
+		return nil
+	}
+	named := anyInstanceIDInText.FindAllString(message, -1)
+	rest := slices.DeleteFunc(slices.Clone(ask), func(id string) bool { return slices.Contains(named, id) })
+	switch {
+	case len(rest) == 0:
+		return nil
+	case len(rest) < len(ask):
+		return [][]string{rest}
+	}
+	return [][]string{ask[:len(ask)/2], ask[len(ask)/2:]}
 }
 
 // leave records ids as left, each with err.
