@@ -61,5 +61,12 @@ bench: setup
 synth: build
 	@$(SETUP_DEPLOY) && "$$REAPER_CDK" synth --quiet --no-lookups $(CDK_CONTEXT)
 
+# build/charts/reaper-<version>.tgz, the version being Chart.yaml's: the chart
+# charts/reaper linted as `helm lint --strict` and packaged as `helm package`,
+# with Helm's Go library (no helm CLI needed).
+.PHONY: chart
+chart:
+	go run ./deploy/packagechart -dest build/charts
+
 clean:
 	rm -rf build cdk.out
