@@ -65,7 +65,9 @@ npm_ci() {
   mv "$1.tmp" "$1"
 }
 
-# Node tools: dynalite and the CDK CLI, pinned by tools/node/package-lock.json.
+# Node tools: dynalite, the CDK CLI and the IAM policy evaluator
+# (@cloud-copilot/iam-simulate, which infra/iamsim's tests run), pinned by
+# tools/node/package-lock.json.
 lock_sum=$(cat "$root/tools/node/package.json" "$root/tools/node/package-lock.json" | sha256sum | cut -c1-16)
 node_dir=$cache/node-$lock_sum
 
@@ -166,7 +168,7 @@ if [ "$profile" = all ] && [ ! -x "$bin/staticcheck-$STATICCHECK_VERSION" ]; the
 fi
 
 if [ ! -d "$node_dir/node_modules" ]; then
-  say "installing dynalite and the CDK CLI with npm"
+  say "installing dynalite, the CDK CLI and the IAM policy evaluator with npm"
   rm -rf "$node_dir.tmp"
   mkdir -p "$node_dir.tmp"
   cp "$root/tools/node/package.json" "$root/tools/node/package-lock.json" "$node_dir.tmp/"
@@ -186,5 +188,6 @@ export REAPER_ETCD='$(command -v etcd)'
 export REAPER_DYNALITE='$node_dir/node_modules/dynalite/cli.js'
 export REAPER_RIE='$bin/aws-lambda-rie'
 export REAPER_CDK='$node_dir/node_modules/.bin/cdk'
+export REAPER_IAM_SIMULATE='$node_dir/node_modules/@cloud-copilot/iam-simulate'
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20
 ENV

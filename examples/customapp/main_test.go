@@ -10,6 +10,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/infra/cdktest"
 	"github.com/reaper-k8s/reaper/infra/iamcheck"
+	"github.com/reaper-k8s/reaper/infra/iamsim"
 	"github.com/reaper-k8s/reaper/infra/reapercdk"
 )
 
@@ -85,12 +86,29 @@ func TestCustomApp(t *testing.T) {
 			t.Errorf("%s grants EKS access although the app reads a kubeconfig secret", id)
 		}
 	}
-	owner := iamcheck.Owner{ManagedKey: "gpu-pods.example.com/managed", ClusterKey: "gpu-pods.example.com/cluster", Cluster: "gpu-pods"}
-	if f := iamcheck.UnguardedTerminations(m, owner); len(f) != 0 {
-		t.Errorf("unguarded grants: %v", f)
+	// The evaluator: only the reconciler terminates, and only instances
+	// carrying the app's own tag keys for its cluster (not the default
+	// keys); the app's instance role, holding the agent policy, writes
+	// exit lines only.
+	reconciler, err := iamsim.FunctionRole(m, "ReaperReconciler")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if f := iamcheck.UnguardedTerminations(m, iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: "gpu-pods"}); len(f) != 1 {
-		t.Errorf("the reconciler's terminate grant, the only one, is not guarded by the app's own tag keys: %v", f)
+	agent, err := iamsim.OnlyManagedPolicy(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := iamsim.StackQuestions(iamsim.Stack{
+		Template: m, Env: iamsim.TestEnv("GpuPods"), Terminator: reconciler,
+		Fleet:       iamsim.Fleet{ManagedKey: "gpu-pods.example.com/managed", ClusterKey: "gpu-pods.example.com/cluster", Cluster: "gpu-pods"},
+		AgentPolicy: agent, ExitLogGroup: "/gpu-pods/exits",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iamsim.Ask(t, qs)
+	if f := iamcheck.Unreadable(m); len(f) != 0 {
+		t.Errorf("grants the evaluator cannot see: %v", f)
 	}
 }
 

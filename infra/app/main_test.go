@@ -16,6 +16,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/infra/cdktest"
 	"github.com/reaper-k8s/reaper/infra/iamcheck"
+	"github.com/reaper-k8s/reaper/infra/iamsim"
 )
 
 func TestMain(m *testing.M) { cdktest.Main(m) }
@@ -169,19 +170,33 @@ func TestContextKnobs(t *testing.T) {
 			tmpl.HasOutput(jsii.String(out), map[string]any{})
 		}
 	})
-	m := cdktest.JSON(t, tmpl)
-	owner := iamcheck.Owner{ManagedKey: "example.com/reaped", ClusterKey: "example.com/cluster", Cluster: "staging"}
-	if f := iamcheck.UnguardedTerminations(m, owner); len(f) != 0 {
-		t.Errorf("unguarded grants: %v", f)
+	// The evaluator: the reconciler terminates and tags only instances
+	// carrying the knobs' keys for the knobs' cluster, not the default
+	// keys, nor another cluster's.
+	askIAM(t, cdktest.JSON(t, tmpl), iamsim.Env{Partition: "aws", Region: "eu-west-1", Account: "123456789012", Stack: "ReaperStaging"},
+		iamsim.Fleet{ManagedKey: "example.com/reaped", ClusterKey: "example.com/cluster", Cluster: "staging"}, "example.com:pod-written", "/staging/reaper/exits")
+}
+
+// askIAM asks the evaluator what every Reaper deployment must answer as
+// designed (iamsim.StackQuestions) of a template of the app, and checks
+// with iamcheck what the evaluator cannot see.
+func askIAM(t *testing.T, m map[string]any, env iamsim.Env, fleet iamsim.Fleet, podWritten, exitLogGroup string) {
+	t.Helper()
+	reconciler, err := iamsim.FunctionRole(m, "ReaperReconciler")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for knob, o := range map[string]iamcheck.Owner{
-		"tagManaged":  {ManagedKey: "reaper.io/managed", ClusterKey: owner.ClusterKey, Cluster: owner.Cluster},
-		"tagCluster":  {ManagedKey: owner.ManagedKey, ClusterKey: "reaper.io/cluster", Cluster: owner.Cluster},
-		"clusterName": {ManagedKey: owner.ManagedKey, ClusterKey: owner.ClusterKey, Cluster: "prod"},
-	} {
-		if f := iamcheck.UnguardedTerminations(m, o); len(f) == 0 {
-			t.Errorf("the terminate grant ignores the %s knob", knob)
-		}
+	agent, err := iamsim.OnlyManagedPolicy(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := iamsim.StackQuestions(iamsim.Stack{Template: m, Env: env, Fleet: fleet, Terminator: reconciler, PodWritten: podWritten, AgentPolicy: agent, ExitLogGroup: exitLogGroup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iamsim.Ask(t, qs)
+	if f := iamcheck.Unreadable(m); len(f) != 0 {
+		t.Errorf("grants the evaluator cannot see: %v", f)
 	}
 }
 
@@ -366,9 +381,8 @@ func TestCDKSynth(t *testing.T) {
 			t.Errorf("%s: REAPER_CLUSTER %v, want demo", id, vars["REAPER_CLUSTER"])
 		}
 	}
-	if f := iamcheck.UnguardedTerminations(tmpl, iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: "demo"}); len(f) != 0 {
-		t.Errorf("unguarded grants: %v", f)
-	}
+	// The policies cdk synth wrote, evaluated.
+	askIAM(t, tmpl, iamsim.TestEnv("Reaper-demo"), iamsim.DefaultFleet("demo"), "", "/reaper/demo/exits")
 	if _, err := os.Stat(filepath.Join(out, "manifest.json")); err != nil {
 		t.Error(err)
 	}

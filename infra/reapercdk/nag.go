@@ -20,7 +20,7 @@ const (
 	reasonNetworkInterfaces = "In a VPC, Lambda's network interface actions (ec2:CreateNetworkInterface, ec2:DescribeNetworkInterfaces) " +
 		"work only on Resource \"*\", and the interfaces' ids are not known before Lambda creates them."
 	reasonTerminate = "ec2:TerminateInstances (and ec2:CreateTags of the Pod-written tag, when set) cannot name the instances: the provider launches them after the deploy. " +
-		"Conditions allow it only on instances tagged managed=true and with this deployment's cluster (infra/iamcheck checks both)."
+		"Conditions allow it only on instances tagged managed=true and with this deployment's cluster (infra/iamsim evaluates both)."
 	reasonAgentStreams = "The CloudWatch agent on each managed instance creates its own log stream, named after the instance, " +
 		"in the one exit-line log group; the stream names are not known in advance."
 	reasonFailureQueueDLQ = "The queue is itself the dead-letter destination: of the functions' asynchronous invocations " +

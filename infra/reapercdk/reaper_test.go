@@ -25,6 +25,7 @@ import (
 
 	"github.com/reaper-k8s/reaper/infra/cdktest"
 	"github.com/reaper-k8s/reaper/infra/iamcheck"
+	"github.com/reaper-k8s/reaper/infra/iamsim"
 	"github.com/reaper-k8s/reaper/infra/reapercdk"
 	"github.com/reaper-k8s/reaper/pkg/config"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
@@ -894,17 +895,39 @@ func TestAgentPolicy(t *testing.T) {
 	has(t, tmpl, "AWS::IAM::ManagedPolicy", map[string]any{"Roles": assertions.Match_Absent()})
 }
 
-func TestNoUnguardedTerminate(t *testing.T) {
+// askIAM asks the evaluator the questions every deployment must answer as
+// designed (iamsim.StackQuestions) about the template of a Reaper for
+// cluster in the stack "Test", the reconciler being the one that may
+// terminate and put the Pod-written tag podWritten ("" for none), and
+// checks with iamcheck what the evaluator cannot see.
+func askIAM(t *testing.T, m map[string]any, cluster, podWritten string) {
+	t.Helper()
+	agent, err := iamsim.OnlyManagedPolicy(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := iamsim.StackQuestions(iamsim.Stack{
+		Template: m, Env: iamsim.TestEnv("Test"), Fleet: iamsim.DefaultFleet(cluster),
+		Terminator: roleOf(t, m, "Reconciler"), PodWritten: podWritten,
+		AgentPolicy: agent, ExitLogGroup: "/reaper/" + cluster + "/exits",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iamsim.Ask(t, qs)
+	if f := iamcheck.Unreadable(m); len(f) != 0 {
+		t.Errorf("grants the evaluator cannot see: %v", f)
+	}
+}
+
+// TestIAMEvaluated runs the default stack's policies through the
+// evaluator: only the reconciler may terminate, only instances tagged
+// managed for the stack's cluster; no function may tag; a host may only
+// write exit lines to its cluster's exit log group.
+func TestIAMEvaluated(t *testing.T) {
 	_, m := defaults(t)
-	if f := iamcheck.UnguardedTerminations(m, demoOwner); len(f) != 0 {
-		t.Fatalf("unguarded grants: %v", f)
-	}
-	// Only the reconciler may terminate at all.
-	grants := iamcheck.TerminateGrants(m)
-	if reconciler := roleOf(t, m, "Reconciler"); len(grants) != 1 || !slices.Equal(grants[0].Principals, []string{reconciler}) {
-		t.Errorf("terminate grants %v, want one, to %s", grants, reconciler)
-	}
-	// Nor any other wildcard action.
+	askIAM(t, m, "demo", "")
+	// Nor any wildcard action, which would grant actions AWS adds later.
 	for id, p := range cdktest.Resources(m, "AWS::IAM::Policy") {
 		for _, s := range cdktest.Props(p)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
 			for _, a := range strs(s.(map[string]any)["Action"]) {
@@ -916,12 +939,11 @@ func TestNoUnguardedTerminate(t *testing.T) {
 	}
 }
 
-// demoOwner is what the default stack's terminate grants must require.
-var demoOwner = iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: "demo"}
-
-// TestCheckerCatchesWidenedPolicy widens a Reaper stack's IAM the ways a
-// later change might, and expects the checker to report each.
-func TestCheckerCatchesWidenedPolicy(t *testing.T) {
+// TestEvaluatorCatchesWidenedPolicy widens a Reaper stack's IAM the ways a
+// later change might, and expects the evaluator (and, for the AWS managed
+// policy whose content the template does not show, iamcheck) to report
+// each.
+func TestEvaluatorCatchesWidenedPolicy(t *testing.T) {
 	tmpl := newStack(t, reapercdk.Props{EKSCluster: "demo"}, func(stack awscdk.Stack, r *reapercdk.Reaper) {
 		r.Sweeper.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 			Sid: jsii.String("Widened"), Actions: jsii.Strings("ec2:*"), Resources: jsii.Strings("*"),
@@ -931,10 +953,12 @@ func TestCheckerCatchesWidenedPolicy(t *testing.T) {
 			Sid: jsii.String("AnyCluster"), Actions: jsii.Strings("ec2:TerminateInstances"), Resources: jsii.Strings("*"),
 			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:ResourceTag/reaper.io/managed": "true"}},
 		}))
-		r.StateChange.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		// The reconciler, for another cluster too.
+		r.Reconciler.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 			Sid: jsii.String("OtherCluster"), Actions: jsii.Strings("ec2:TerminateInstances"), Resources: jsii.Strings("*"),
 			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:ResourceTag/reaper.io/managed": "true", "aws:ResourceTag/reaper.io/cluster": "prod"}},
 		}))
+		// A policy for others to attach, on a tag Reaper knows nothing of.
 		awsiam.NewManagedPolicy(stack, jsii.String("WrongTag"), &awsiam.ManagedPolicyProps{
 			Statements: &[]awsiam.PolicyStatement{awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 				Actions: jsii.Strings("ec2:TerminateInstances"), Resources: jsii.Strings("*"),
@@ -943,19 +967,45 @@ func TestCheckerCatchesWidenedPolicy(t *testing.T) {
 		})
 		r.ExitRecorder.Role().AddManagedPolicy(awsiam.ManagedPolicy_FromAwsManagedPolicyName(jsii.String("AmazonEC2FullAccess")))
 	})
-	findings := iamcheck.UnguardedTerminations(cdktest.JSON(t, tmpl), demoOwner)
-	var got []string
-	for _, f := range findings {
-		got = append(got, f.String())
+	m := cdktest.JSON(t, tmpl)
+	principals, err := iamsim.Principals(m, iamsim.TestEnv("Test"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	all := strings.Join(got, "\n")
-	for _, want := range []string{"(Widened): allows ec2:TerminateInstances", "(AnyCluster): allows", "(OtherCluster): allows", `"aws:ResourceTag/team"`, "AmazonEC2FullAccess"} {
-		if !strings.Contains(all, want) {
-			t.Errorf("no finding mentions %s; findings:\n%s", want, all)
+	managed, err := iamsim.ManagedPolicies(m, iamsim.TestEnv("Test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	principals["role holding WrongTag"] = iamsim.Principal{ARN: "arn:aws:iam::123456789012:role/holding-WrongTag", Policies: []iamsim.Policy{managed["WrongTag"]}}
+	qs := iamsim.TerminateQuestions(principals, roleOf(t, m, "Reconciler"), iamsim.DefaultFleet("demo"), iamsim.TestEnv("Test"))
+	answers, err := iamsim.Evaluate(qs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := map[string]bool{}
+	for i, q := range qs {
+		if !answers[i].Meets(q) {
+			wrong[q.Name] = true
 		}
 	}
-	if len(findings) != 5 {
-		t.Errorf("%d findings, want 5:\n%s", len(findings), all)
+	for _, want := range []string{
+		roleOf(t, m, "Sweeper") + " terminates an instance, whatever its tags",
+		roleOf(t, m, "Sweeper") + " terminates an instance unmanaged",
+		roleOf(t, m, "StateChange") + " terminates an instance, whatever its tags",
+		roleOf(t, m, "StateChange") + " terminates an instance another cluster's",
+		roleOf(t, m, "Reconciler") + " terminates an instance, whatever its tags",
+		"role holding WrongTag terminates an instance, whatever its tags",
+	} {
+		if !wrong[want] {
+			t.Errorf("the evaluator does not catch %q", want)
+		}
+	}
+	if wrong[roleOf(t, m, "ExitRecorder")+" terminates an instance, whatever its tags"] {
+		t.Errorf("the exitrecorder's own policies grant nothing wrong: AmazonEC2FullAccess is outside the template, iamcheck's")
+	}
+	f := iamcheck.Unreadable(m)
+	if len(f) != 1 || !strings.Contains(f[0].String(), "AmazonEC2FullAccess") {
+		t.Errorf("iamcheck findings %v, want the one attachment of AmazonEC2FullAccess", f)
 	}
 }
 
@@ -1121,9 +1171,7 @@ func TestOptions(t *testing.T) {
 			t.Errorf("%s does not depend on its role's policy: %s", id, deps)
 		}
 	}
-	if f := iamcheck.UnguardedTerminations(m, iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: "prod"}); len(f) != 0 {
-		t.Fatalf("unguarded grants: %v", f)
-	}
+	askIAM(t, m, "prod", "")
 }
 
 // TestNag runs cdk-nag's AwsSolutions checks on the construct with every
@@ -1378,17 +1426,24 @@ func TestTwoClustersInOneAccount(t *testing.T) {
 		if terminates != 1 {
 			t.Errorf("%s: %d terminate statements, want one, the reconciler's", c.stack, terminates)
 		}
-		own := iamcheck.Owner{ManagedKey: "reaper.io/managed", ClusterKey: "reaper.io/cluster", Cluster: cluster}
-		if f := iamcheck.UnguardedTerminations(m, own); len(f) != 0 {
-			t.Errorf("%s: unguarded grants: %v", c.stack, f)
+		// The evaluator: each stack's reconciler terminates its own
+		// cluster's instances, not the other's.
+		principals, err := iamsim.Principals(m, iamsim.TestEnv(c.stack))
+		if err != nil {
+			t.Fatal(err)
 		}
+		reconciler := principals[roleOf(t, m, "Reconciler")]
 		for _, other := range clusters {
-			if o := other.props.Cluster(); o != cluster {
-				own.Cluster = o
-				if f := iamcheck.UnguardedTerminations(m, own); len(f) != 1 {
-					t.Errorf("%s may terminate %s's instances: %d findings, want 1", c.stack, o, len(f))
-				}
+			o := other.props.Cluster()
+			want := iamsim.Denied
+			if o == cluster {
+				want = iamsim.Allowed
 			}
+			own, _ := iamsim.DefaultFleet(o).Instances()
+			iamsim.Ask(t, []iamsim.Question{{
+				Name: c.stack + "'s reconciler terminates an instance of " + o, Principal: reconciler.ARN, Action: "ec2:TerminateInstances",
+				Resource: own.ARN(iamsim.TestEnv(c.stack)), Context: own.Context(), Identity: reconciler.Policies, Want: want,
+			}})
 		}
 	}
 }
@@ -1399,6 +1454,7 @@ func TestTwoClustersInOneAccount(t *testing.T) {
 func TestPodWrittenTag(t *testing.T) {
 	tmpl := newStack(t, reapercdk.Props{EKSCluster: "demo", PowerOffGrace: 10 * time.Second, Tags: model.TagKeys{PodWritten: "reaper.io:pod-written"}}, nil)
 	m := cdktest.JSON(t, tmpl)
+	askIAM(t, m, "demo", "reaper.io:pod-written")
 	cdktest.Must(t, func() {
 		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::Lambda::Function"), map[string]any{
 			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{"REAPER_TAG_POD_WRITTEN": "reaper.io:pod-written"})},
