@@ -293,7 +293,7 @@ func sendExit(ctx context.Context, recorder string, pod *corev1.Pod, exit host) 
 	}
 	finished := time.Now().UTC().Truncate(time.Millisecond)
 	if recorder == ledgerOnly {
-		if _, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)},
+		if _, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}, "",
 			model.Exit{Container: exit.name(), ExitCode: exit.exitCode, StartedAt: finished.Add(-time.Minute), FinishedAt: finished}); err != nil {
 			return sum, err
 		}
@@ -563,7 +563,7 @@ func TestE2EProviderIgnoresOtherUID(t *testing.T) {
 	}
 	id := waitRunning(t, pod)
 	wantIdentityTag(t, id)
-	if _, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: ns, Name: pod.Name, UID: "00000000-0000-4000-8000-000000000000"},
+	if _, err := lab.Ledger.RecordExit(ctx, id, model.PodRef{Namespace: ns, Name: pod.Name, UID: "00000000-0000-4000-8000-000000000000"}, "",
 		model.Exit{Container: "main", ExitCode: 1, FinishedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}

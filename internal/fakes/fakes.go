@@ -66,37 +66,37 @@ func (l *Ledger) Get(_ context.Context, id string) (ledger.Record, bool, error) 
 	return r, ok, nil
 }
 
-func (l *Ledger) RecordExit(ctx context.Context, id string, pod model.PodRef, exit model.Exit) (ledger.Record, error) {
+func (l *Ledger) RecordExit(ctx context.Context, id string, pod model.PodRef, exitTokenHash string, exit model.Exit) (ledger.Record, error) {
 	if err := l.delay(ctx); err != nil {
 		return ledger.Record{}, err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.Writes++
-	r, _ := ledger.WithExit(l.Recs[id], id, pod, exit, l.Now())
+	r, _ := ledger.WithExit(l.Recs[id], id, pod, exitTokenHash, exit, l.Now())
 	l.Recs[id] = r
 	return r, nil
 }
 
-func (l *Ledger) RecordState(ctx context.Context, id string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, error) {
+func (l *Ledger) RecordState(ctx context.Context, id string, pod model.PodRef, exitTokenHash string, sc ledger.StateChange) (ledger.Record, error) {
 	if err := l.delay(ctx); err != nil {
 		return ledger.Record{}, err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.Writes++
-	r, _ := ledger.WithState(l.Recs[id], id, pod, sc, l.Now())
+	r, _ := ledger.WithState(l.Recs[id], id, pod, exitTokenHash, sc, l.Now())
 	l.Recs[id] = r
 	return r, nil
 }
 
-func (l *Ledger) Adopt(ctx context.Context, id string, pod model.PodRef) (ledger.Record, error) {
+func (l *Ledger) Adopt(ctx context.Context, id string, pod model.PodRef, exitTokenHash string) (ledger.Record, error) {
 	if err := l.delay(ctx); err != nil {
 		return ledger.Record{}, err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r, applies := ledger.WithAdopt(l.Recs[id], id, pod, l.Now())
+	r, applies := ledger.WithAdopt(l.Recs[id], id, pod, exitTokenHash, l.Now())
 	if applies {
 		l.Writes++
 		l.Recs[id] = r

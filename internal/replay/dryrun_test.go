@@ -201,16 +201,16 @@ type recordingLedger struct {
 	d *decisions
 }
 
-func (l recordingLedger) RecordExit(ctx context.Context, id string, pod model.PodRef, exit model.Exit) (ledger.Record, error) {
-	rec, err := l.Ledger.RecordExit(ctx, id, pod, exit)
+func (l recordingLedger) RecordExit(ctx context.Context, id string, pod model.PodRef, exitTokenHash string, exit model.Exit) (ledger.Record, error) {
+	rec, err := l.Ledger.RecordExit(ctx, id, pod, exitTokenHash, exit)
 	if err == nil {
 		l.d.add(fmt.Sprintf("ledger exit/%d", rec.Latest().RestartCount))
 	}
 	return rec, err
 }
 
-func (l recordingLedger) RecordState(ctx context.Context, id string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, error) {
-	rec, err := l.Ledger.RecordState(ctx, id, pod, sc)
+func (l recordingLedger) RecordState(ctx context.Context, id string, pod model.PodRef, exitTokenHash string, sc ledger.StateChange) (ledger.Record, error) {
+	rec, err := l.Ledger.RecordState(ctx, id, pod, exitTokenHash, sc)
 	if err == nil {
 		s := "ledger state " + rec.LastState
 		if rec.Gone != nil {

@@ -72,6 +72,12 @@ const Retention = 30 * 24 * time.Hour
 type Record struct {
 	InstanceID string       `dynamodbav:"instanceId" json:"instanceId,omitempty"`
 	Pod        model.PodRef `dynamodbav:"pod" json:"pod,omitempty"`
+	// ExitTokenHash is the instance's exit-token tag (model.ExitTokenHash
+	// of its launch's token) as EC2 described it when a write that knew
+	// the tags was made; "" when the instance has none, or no such write
+	// was made yet. Set once, never cleared or replaced: once EC2 no
+	// longer describes the instance, a claim is checked against it.
+	ExitTokenHash string `dynamodbav:"exitTokenHash,omitempty" json:"exitTokenHash,omitempty"`
 	// Exits is the latest exit recorded of each container of the Pod
 	// (highest restart count; a container's first terminal exit is
 	// final), by container name. Each is an attribute of its own
@@ -258,7 +264,11 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 // replaced whatever its restart count: it came from a line the tags do not
 // back, which must never shadow the real exit. One for the same Pod is
 // that Pod's, and a later one stays.
-func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit) (Record, error) {
+//
+// exitTokenHash is the instance's exit-token tag as EC2 describes it now
+// ("" when it does not, or the instance has none): a record that has
+// none yet keeps it (withTokenHash).
+func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string, exit model.Exit) (Record, error) {
 	now := t.now().UTC()
 	exit.ReceivedAt = now
 	attr := exitAttribute(exit.Container)
@@ -274,6 +284,7 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.Pod
 		Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID))).
 		Remove(expression.Name("unverified")).
 		Add(expression.Name("version"), expression.Value(1))
+	update = withTokenHash(update, exitTokenHash)
 	rec, err := t.update(ctx, instanceID, expression.NewBuilder().WithUpdate(update).WithCondition(condition))
 	if err != nil {
 		return Record{}, fmt.Errorf("ledger record exit %s: %w", instanceID, err)
@@ -291,12 +302,15 @@ type Refusal struct {
 // Adopt records the Pod of a running instance the ledger has no record of
 // yet, from its launch tags, and returns the record as it stands: nothing
 // else, no state and no work, so that the instance's Pod is known once EC2
-// no longer lists it. A record that exists is left as it is.
-func (t *Table) Adopt(ctx context.Context, instanceID string, pod model.PodRef) (Record, error) {
+// no longer lists it, with its exit-token tag (exitTokenHash, "" none),
+// against which a claim is then checked. A record that exists is left as
+// it is.
+func (t *Table) Adopt(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string) (Record, error) {
 	now := t.now().UTC()
 	update := stamped(now).
 		Set(expression.Name("pod"), expression.Value(pod)).
 		Set(expression.Name("version"), expression.Value(0))
+	update = withTokenHash(update, exitTokenHash)
 	condition := expression.AttributeNotExists(expression.Name(KeyAttribute))
 	rec, err := t.update(ctx, instanceID, expression.NewBuilder().WithUpdate(update).WithCondition(condition))
 	if err != nil {
@@ -337,7 +351,10 @@ func (sc StateChange) Gone() bool { return model.IsGone(sc.State) }
 // RecordState notes the state an instance reached. A gone state also sets
 // Gone. An event older than the newest one recorded changes nothing and the
 // record is returned as it is, so events applied in any order end the same.
-func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.PodRef, sc StateChange) (Record, error) {
+// pod and exitTokenHash are what the instance's launch tags say, as far as
+// EC2 describes them (empty: it does not); a record keeps the first it is
+// given of each.
+func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string, sc StateChange) (Record, error) {
 	now := t.now().UTC()
 	at, rank := expression.Value(timeAV(sc.At)), expression.Value(sc.Rank())
 	lastStateAt := expression.Name("lastStateAt")
@@ -353,6 +370,7 @@ func (t *Table) RecordState(ctx context.Context, instanceID string, pod model.Po
 	if pod != (model.PodRef{}) {
 		update = update.Set(expression.Name("pod"), expression.Name("pod").IfNotExists(expression.Value(pod)))
 	}
+	update = withTokenHash(update, exitTokenHash)
 	if sc.Gone() {
 		update = update.Set(expression.Name("gone"), expression.Value(model.Gone{State: sc.State, At: sc.At.UTC()})).
 			Set(expression.Name("goneSeenAt"), expression.Name("goneSeenAt").IfNotExists(expression.Value(timeAV(sc.seenAt(now)))))
@@ -382,8 +400,10 @@ type Done struct {
 	// instance ("" = it did not).
 	Refused string
 	// Pod, when set, names the instance's Pod if the record has none yet
-	// (an orphan terminated by the sweep has no record before).
-	Pod model.PodRef
+	// (an orphan terminated by the sweep has no record before), and
+	// ExitTokenHash its exit-token tag if the record has none yet.
+	Pod           model.PodRef
+	ExitTokenHash string
 	// Settled says nothing is left to do for the record as it was read at
 	// Version: it leaves the pending index, unless a write in between
 	// (a higher version) added work.
@@ -419,6 +439,7 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	if d.Pod != (model.PodRef{}) {
 		update = update.Set(expression.Name("pod"), expression.Name("pod").IfNotExists(expression.Value(d.Pod)))
 	}
+	update = withTokenHash(update, d.ExitTokenHash)
 	if d.Refused != "" {
 		update = update.Set(expression.Name("terminateRefused"), expression.Value(Refusal{Code: d.Refused, At: now}))
 	}
@@ -443,7 +464,7 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
 		// Work was recorded since the read: mark the steps, stay pending.
-		return t.MarkDone(ctx, instanceID, Done{PodSynced: d.PodSynced, PodEnded: d.PodEnded, PodEndedAt: d.PodEndedAt, Terminated: d.Terminated, Refused: d.Refused, Pod: d.Pod})
+		return t.MarkDone(ctx, instanceID, Done{PodSynced: d.PodSynced, PodEnded: d.PodEnded, PodEndedAt: d.PodEndedAt, Terminated: d.Terminated, Refused: d.Refused, Pod: d.Pod, ExitTokenHash: d.ExitTokenHash})
 	}
 	if err != nil {
 		return fmt.Errorf("ledger mark done %s: %w", instanceID, err)
@@ -655,6 +676,21 @@ func (t *Table) update(ctx context.Context, instanceID string, builder expressio
 		return Record{}, fmt.Errorf("decode: %w", err)
 	}
 	return rec, nil
+}
+
+// tokenHashAttribute holds Record.ExitTokenHash.
+const tokenHashAttribute = "exitTokenHash"
+
+// withTokenHash adds to update the setting of the record's exit-token hash
+// to h ("" sets nothing) where it has none: a record keeps the first hash
+// it is given, which is the instance's launch tag, so that no write clears
+// or replaces it.
+func withTokenHash(update expression.UpdateBuilder, h string) expression.UpdateBuilder {
+	if h == "" {
+		return update
+	}
+	name := expression.Name(tokenHashAttribute)
+	return update.Set(name, name.IfNotExists(expression.Value(h)))
 }
 
 // stamped is the start of every write's update: the time of the write and

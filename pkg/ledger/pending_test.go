@@ -26,7 +26,7 @@ func TestPendingShards(t *testing.T) {
 	want := map[string]bool{}
 	for n := range 200 {
 		id := fmt.Sprintf("i-%017x", n+1)
-		rec, err := table.RecordExit(ctx, id, pod, model.Exit{Container: "main"})
+		rec, err := table.RecordExit(ctx, id, pod, "", model.Exit{Container: "main"})
 		if err != nil {
 			t.Fatal(err)
 		}

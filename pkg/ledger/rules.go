@@ -14,14 +14,14 @@ import (
 // read first; ReadOnly (a dry run) and the tests' in-memory ledger apply
 // them here. TestRulesMatchTable holds both forms to the same answers.
 
-// WithExit is rec after RecordExit(id, pod, exit) at now, and whether the
+// WithExit is rec after RecordExit(id, pod, exitTokenHash, exit) at now, and whether the
 // write applies (false: rec is returned as it was). A later exit of the
 // container wins, unless its recorded one is a terminal exit of the same
 // Pod (it is final), and except over one an older version recorded
 // unverified for another Pod. Other containers' exits stay. An exit of
 // the older form (LegacyExit) is not weighed: the reconciler checks it
 // before it writes (FinalExit).
-func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time.Time) (Record, bool) {
+func WithExit(rec Record, id string, pod model.PodRef, exitTokenHash string, exit model.Exit, now time.Time) (Record, bool) {
 	replaceUnverified := rec.Unverified && rec.Pod.UID != pod.UID
 	if prev, ok := rec.Exits[exit.Container]; ok && !replaceUnverified &&
 		(prev.RestartCount > exit.RestartCount || (prev.Terminal() && rec.Pod.UID == pod.UID)) {
@@ -35,6 +35,7 @@ func WithExit(rec Record, id string, pod model.PodRef, exit model.Exit, now time
 	}
 	exits[exit.Container] = exit
 	rec.InstanceID, rec.Pod, rec.Exits = id, pod, exits
+	keepTokenHash(&rec, exitTokenHash)
 	rec.Unverified = false
 	rec.Pending = pendingValue(id)
 	touch(&rec, now)
@@ -49,10 +50,10 @@ func FinalExit(rec Record, pod model.PodRef, container string) bool {
 	return ok && e.Terminal() && rec.Pod.UID == pod.UID
 }
 
-// WithState is rec after RecordState(id, pod, sc) at now, and whether the
+// WithState is rec after RecordState(id, pod, exitTokenHash, sc) at now, and whether the
 // write applies: only a state at least as new as the newest one recorded
 // does.
-func WithState(rec Record, id string, pod model.PodRef, sc StateChange, now time.Time) (Record, bool) {
+func WithState(rec Record, id string, pod model.PodRef, exitTokenHash string, sc StateChange, now time.Time) (Record, bool) {
 	if !rec.LastStateAt.IsZero() && (rec.LastStateAt.After(sc.At) || (rec.LastStateAt.Equal(sc.At) && rec.LastStateRank > sc.Rank())) {
 		return rec, false
 	}
@@ -60,6 +61,7 @@ func WithState(rec Record, id string, pod model.PodRef, sc StateChange, now time
 	if rec.Pod == (model.PodRef{}) {
 		rec.Pod = pod
 	}
+	keepTokenHash(&rec, exitTokenHash)
 	if sc.Gone() {
 		rec.Gone = &model.Gone{State: sc.State, At: sc.At.UTC()}
 		if rec.GoneSeenAt.IsZero() {
@@ -94,6 +96,7 @@ func WithDone(rec Record, id string, d Done, now time.Time) Record {
 	if rec.Pod == (model.PodRef{}) {
 		rec.Pod = d.Pod
 	}
+	keepTokenHash(&rec, d.ExitTokenHash)
 	rec.Pending = pendingValue(id)
 	if d.Settled && (rec.Version == 0 || rec.Version == d.Version) {
 		rec.Pending = ""
@@ -109,13 +112,21 @@ func touch(rec *Record, now time.Time) {
 	rec.UpdatedAt, rec.ExpiresAt = now, now.Add(Retention).Unix()
 }
 
-// WithAdopt is rec after Adopt(id, pod) at now, and whether the write
-// applies: only where there is no record.
-func WithAdopt(rec Record, id string, pod model.PodRef, now time.Time) (Record, bool) {
+// keepTokenHash gives rec the exit-token hash h if it has none: the first
+// one a record is given stays, and "" changes nothing (withTokenHash).
+func keepTokenHash(rec *Record, h string) {
+	if rec.ExitTokenHash == "" {
+		rec.ExitTokenHash = h
+	}
+}
+
+// WithAdopt is rec after Adopt(id, pod, exitTokenHash) at now, and whether
+// the write applies: only where there is no record.
+func WithAdopt(rec Record, id string, pod model.PodRef, exitTokenHash string, now time.Time) (Record, bool) {
 	if rec.InstanceID != "" {
 		return rec, false
 	}
-	rec = Record{InstanceID: id, Pod: pod}
+	rec = Record{InstanceID: id, Pod: pod, ExitTokenHash: exitTokenHash}
 	touch(&rec, now.UTC())
 	return rec, true
 }
@@ -128,32 +139,32 @@ type ReadOnly struct {
 }
 
 // RecordExit returns the record as RecordExit would leave it.
-func (t ReadOnly) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit) (Record, error) {
+func (t ReadOnly) RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string, exit model.Exit) (Record, error) {
 	rec, _, err := t.Get(ctx, instanceID)
 	if err != nil {
 		return Record{}, err
 	}
-	rec, _ = WithExit(rec, instanceID, pod, exit, t.now())
+	rec, _ = WithExit(rec, instanceID, pod, exitTokenHash, exit, t.now())
 	return rec, nil
 }
 
 // RecordState returns the record as RecordState would leave it.
-func (t ReadOnly) RecordState(ctx context.Context, instanceID string, pod model.PodRef, sc StateChange) (Record, error) {
+func (t ReadOnly) RecordState(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string, sc StateChange) (Record, error) {
 	rec, _, err := t.Get(ctx, instanceID)
 	if err != nil {
 		return Record{}, err
 	}
-	rec, _ = WithState(rec, instanceID, pod, sc, t.now())
+	rec, _ = WithState(rec, instanceID, pod, exitTokenHash, sc, t.now())
 	return rec, nil
 }
 
 // Adopt returns the record as Adopt would leave it.
-func (t ReadOnly) Adopt(ctx context.Context, instanceID string, pod model.PodRef) (Record, error) {
+func (t ReadOnly) Adopt(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string) (Record, error) {
 	rec, _, err := t.Get(ctx, instanceID)
 	if err != nil {
 		return Record{}, err
 	}
-	rec, _ = WithAdopt(rec, instanceID, pod, t.now())
+	rec, _ = WithAdopt(rec, instanceID, pod, exitTokenHash, t.now())
 	return rec, nil
 }
 

@@ -19,7 +19,9 @@ import (
 // The Go form of the write rules (WithExit, WithState, WithDone) and the
 // table's condition and update expressions must answer alike: random write
 // sequences go to dynalite and through the rules, and after every write the
-// two records must be the same, field for field.
+// two records must be the same, field for field. Writes carry an
+// exit-token hash or none, and now and then another one: a record keeps
+// the first it is given.
 func TestRulesMatchTable(t *testing.T) {
 	ctx := t.Context()
 	table := startTable(t, "rules")
@@ -31,6 +33,7 @@ func TestRulesMatchTable(t *testing.T) {
 		{Namespace: "jobs", Name: "train", UID: "00000000-0000-0000-0000-00000000000a"},
 		{Namespace: "jobs", Name: "train", UID: "00000000-0000-0000-0000-00000000000b"},
 	}
+	hashes := []string{"", "", model.ExitTokenHash("the-launch's-exit-token-0123456789abcdef"), model.ExitTokenHash("another-exit-token-0123456789abcdef")}
 	states := []string{model.StatePending, model.StateRunning, model.StateStopping, model.StateStopped, model.StateShuttingDown, model.StateTerminated}
 	applied := map[string]int{}
 	for n := range 200 {
@@ -44,6 +47,7 @@ func TestRulesMatchTable(t *testing.T) {
 		}
 		for step := range 8 {
 			clock = clock.Add(time.Second)
+			hash := hashes[rng.IntN(len(hashes))]
 			var (
 				got  Record
 				op   string
@@ -61,8 +65,8 @@ func TestRulesMatchTable(t *testing.T) {
 				if prev, ok := want.ExitOf(exit.Container); want.Unverified && ok && prev.RestartCount > exit.RestartCount && want.Pod.UID != pod.UID {
 					op += " over a later unverified exit"
 				}
-				got, werr = table.RecordExit(ctx, id, pod, exit)
-				want, ok = WithExit(want, id, pod, exit, clock)
+				got, werr = table.RecordExit(ctx, id, pod, hash, exit)
+				want, ok = WithExit(want, id, pod, hash, exit, clock)
 			case 1:
 				state := states[rng.IntN(len(states))]
 				// Few distinct times, so that equal times (ordered by
@@ -74,15 +78,15 @@ func TestRulesMatchTable(t *testing.T) {
 					pod = pods[rng.IntN(len(pods))]
 				}
 				op = fmt.Sprintf("state %s at %ds (adds no work: %v)", state, at.Second(), sc.AddsNoWork)
-				got, werr = table.RecordState(ctx, id, pod, sc)
-				want, ok = WithState(want, id, pod, sc, clock)
+				got, werr = table.RecordState(ctx, id, pod, hash, sc)
+				want, ok = WithState(want, id, pod, hash, sc, clock)
 			default:
 				d := Done{PodSynced: []string{"", "exit/0", model.OutcomeLost}[rng.IntN(3)], Terminated: rng.IntN(2) == 0,
 					PodEnded: rng.IntN(2) == 0, PodEndedAt: clock.Add(-time.Duration(rng.IntN(3)) * time.Second),
 					Refused: []string{"", "", "OperationNotPermitted"}[rng.IntN(3)],
 					Settled: rng.IntN(2) == 0, Version: want.Version - int64(rng.IntN(2))}
 				if rng.IntN(3) == 0 {
-					d.Pod = pods[rng.IntN(len(pods))]
+					d.Pod, d.ExitTokenHash = pods[rng.IntN(len(pods))], hash
 				}
 				op = fmt.Sprintf("done %+v", d)
 				if werr = table.MarkDone(ctx, id, d); werr == nil {
@@ -92,6 +96,14 @@ func TestRulesMatchTable(t *testing.T) {
 			}
 			if werr != nil {
 				t.Fatalf("%s step %d %s: %v", id, step, op, werr)
+			}
+			if hash != "" && ok {
+				switch got.ExitTokenHash {
+				case hash:
+					applied["hash kept"]++
+				default:
+					applied["hash not replaced"]++
+				}
 			}
 			if g, w := encode(t, got), encode(t, want); g != w {
 				t.Fatalf("%s step %d %s: the table and the rules disagree\ntable %s\nrules %s", id, step, op, g, w)
@@ -104,7 +116,7 @@ func TestRulesMatchTable(t *testing.T) {
 	}
 	// Every kind of write both applied and not, or the comparison proved
 	// little.
-	for _, k := range []string{"exit true", "exit false", "exit over unverified true", "stat true", "stat false", "done true"} {
+	for _, k := range []string{"exit true", "exit false", "exit over unverified true", "stat true", "stat false", "done true", "hash kept", "hash not replaced"} {
 		if applied[k] < 5 {
 			t.Errorf("only %d writes of kind %q: %v", applied[k], k, applied)
 		}
@@ -143,15 +155,15 @@ func TestCheckedExitReplacesUnverified(t *testing.T) {
 				before = putUnverified(t, table, id, podA, 3)
 			} else {
 				var err error
-				if before, err = table.RecordExit(ctx, id, podA, model.Exit{Container: "main", ExitCode: 1, RestartCount: 3}); err != nil {
+				if before, err = table.RecordExit(ctx, id, podA, "", model.Exit{Container: "main", ExitCode: 1, RestartCount: 3}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			got, err := table.RecordExit(ctx, id, tc.claim, checked)
+			got, err := table.RecordExit(ctx, id, tc.claim, "", checked)
 			if err != nil {
 				t.Fatal(err)
 			}
-			rules, applied := WithExit(before, id, tc.claim, checked, table.now())
+			rules, applied := WithExit(before, id, tc.claim, "", checked, table.now())
 			for form, rec := range map[string]Record{"table": got, "rules": rules} {
 				if wantUnverified := tc.unverified && !tc.replaced; rec.Pod != tc.wantPod || rec.Unverified != wantUnverified {
 					t.Errorf("%s: pod %s, unverified %v; want pod %s, unverified %v", form, rec.Pod.UID, rec.Unverified, tc.wantPod.UID, wantUnverified)
@@ -227,32 +239,33 @@ func encode(t *testing.T, r Record) string {
 	return string(b)
 }
 
-// Adopt creates a record holding the Pod alone, and leaves one that exists
-// as it is; the table and the rules agree.
+// Adopt creates a record holding the Pod and the exit-token hash alone,
+// and leaves one that exists as it is; the table and the rules agree.
 func TestAdopt(t *testing.T) {
 	ctx := t.Context()
 	table := startTable(t, "adopt")
 	clock := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	table.now = func() time.Time { return clock }
 	pod := model.PodRef{Namespace: "jobs", Name: "train", UID: "00000000-0000-0000-0000-00000000000a"}
-	got, err := table.Adopt(ctx, "i-00000000000000001", pod)
+	hash := model.ExitTokenHash("the-launch's-exit-token-0123456789abcdef")
+	got, err := table.Adopt(ctx, "i-00000000000000001", pod, hash)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rules, applied := WithAdopt(Record{}, "i-00000000000000001", pod, table.now())
-	if g, w := encode(t, got), encode(t, rules); g != w || !applied || got.Pod != pod || got.Pending != "" || got.LastState != "" {
+	rules, applied := WithAdopt(Record{}, "i-00000000000000001", pod, hash, table.now())
+	if g, w := encode(t, got), encode(t, rules); g != w || !applied || got.Pod != pod || got.ExitTokenHash != hash || got.Pending != "" || got.LastState != "" {
 		t.Fatalf("new record: table %s, rules %s", g, w)
 	}
-	exited, err := table.RecordExit(ctx, "i-00000000000000002", pod, model.Exit{Container: "main", ExitCode: 1})
+	exited, err := table.RecordExit(ctx, "i-00000000000000002", pod, hash, model.Exit{Container: "main", ExitCode: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := model.PodRef{Namespace: "jobs", Name: "other", UID: "00000000-0000-0000-0000-00000000000b"}
-	got, err = table.Adopt(ctx, "i-00000000000000002", other)
+	got, err = table.Adopt(ctx, "i-00000000000000002", other, model.ExitTokenHash("another-exit-token-0123456789abcdef"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rules, applied := WithAdopt(exited, "i-00000000000000002", other, table.now()); applied || encode(t, got) != encode(t, exited) || encode(t, rules) != encode(t, exited) {
+	if rules, applied := WithAdopt(exited, "i-00000000000000002", other, "", table.now()); applied || encode(t, got) != encode(t, exited) || encode(t, rules) != encode(t, exited) {
 		t.Fatalf("existing record changed: %+v", got)
 	}
 }

@@ -92,6 +92,13 @@ const (
 	// WorkItemsFailed: instances the reconciler returned as batch item
 	// failures; SQS delivers them again after the visibility timeout.
 	WorkItemsFailed = "WorkItemsFailed"
+	// ExitTokensUnexpected: exit claims whose line carries an exit token
+	// for an instance EC2 describes without an exit-token tag (under the
+	// key REAPER_TAG_EXIT_TOKEN): believed, as for any instance launched
+	// without a token, but a host that writes a token was launched with
+	// one, so the provider tags its hash under another key and no token
+	// is checked.
+	ExitTokensUnexpected = "ExitTokensUnexpected"
 	// EventsNotPosted: Events on a Pod that could not be posted after its
 	// status was written. The step still counts as done: the status is
 	// what matters, the Event only says why.
@@ -154,6 +161,7 @@ var Definitions = []Definition{
 	{WorkDeadLettered, Count, "", "Instances whose work went to the dead-letter queue"},
 	{SweepLeftOver, Count, "", "Sweep ledger writes left to the next sweep"},
 	{UnknownInstancesRemembered, Count, "", "Claims of instances EC2 lately did not know"},
+	{ExitTokensUnexpected, Count, "", "Exit tokens of instances without the token tag"},
 	{FinishToRecorded, Milliseconds, "", "Container finish to ledger record"},
 	{FinishToPodTerminal, Milliseconds, "", "Container finish to Pod terminal status"},
 	{FinishToTerminated, Milliseconds, "", "Container finish to TerminateInstances accepted"},

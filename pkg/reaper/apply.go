@@ -77,6 +77,9 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 				}
 				continue
 			}
+			if it.TokenHash != "" && e.ec2 != nil && e.ec2.ExitTokenHash == "" {
+				b.unexpectedToken(ctx, e, *it.Pod)
+			}
 			if reason := b.containerCheck(e, rec, *it.Exit); reason != "" {
 				if err := b.rejectClaim(ctx, e, *it.Pod, reason); err != nil {
 					return err
@@ -95,7 +98,7 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 				reconcile = true
 				continue
 			}
-			next, err := b.Ledger.RecordExit(ctx, e.id, *it.Pod, *it.Exit)
+			next, err := b.Ledger.RecordExit(ctx, e.id, *it.Pod, e.tokenTag(), *it.Exit)
 			if err != nil {
 				return fmt.Errorf("record exit of %s: %w", e.id, err)
 			}
@@ -148,7 +151,7 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 		return false, nil
 	}
 	if *rec != nil {
-		next, applies := ledger.WithState(**rec, e.id, e.podTags(), *sc, b.Now())
+		next, applies := ledger.WithState(**rec, e.id, e.podTags(), e.tokenTag(), *sc, b.Now())
 		if !applies {
 			// Older than the newest state recorded: the ledger's
 			// conditional write would refuse it and answer with a read.
@@ -162,7 +165,7 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 			sc.AddsNoWork = true
 		}
 	}
-	next, err := b.Ledger.RecordState(ctx, e.id, e.podTags(), *sc)
+	next, err := b.Ledger.RecordState(ctx, e.id, e.podTags(), e.tokenTag(), *sc)
 	if err != nil {
 		return false, err
 	}
@@ -220,6 +223,29 @@ func (e *entry) podTags() model.PodRef {
 		return model.PodRef{}
 	}
 	return e.ec2.Pod
+}
+
+// tokenTag is the instance's exit-token tag, as far as EC2 described it
+// ("" none): every write that records the instance gives it to its record,
+// which keeps the first (ledger.Record.ExitTokenHash).
+func (e *entry) tokenTag() string {
+	if e.ec2 == nil {
+		return ""
+	}
+	return e.ec2.ExitTokenHash
+}
+
+// unexpectedToken counts and logs a claim believed whose line carries an
+// exit token while the instance EC2 describes has no exit-token tag: there
+// is nothing to check the token against. Instances launched without a
+// token are allowed, but hosts that write one were launched with it: the
+// provider then wrote its hash under another tag key than the one the
+// deployment reads (REAPER_TAG_EXIT_TOKEN), and no token is checked.
+func (b *batchRun) unexpectedToken(ctx context.Context, e *entry, pod model.PodRef) {
+	b.Metrics.Count(metrics.ExitTokensUnexpected, 1)
+	b.Log.LogAttrs(ctx, slog.LevelWarn, "exit token without an exit-token tag", slog.String("instance", e.id),
+		slog.String("pod", pod.String()), slog.String("cluster", e.cluster()),
+		slog.String("hint", "the provider writes the token's hash under another tag key than REAPER_TAG_EXIT_TOKEN: no token is checked"))
 }
 
 // notInFuture is items without those whose time lies further ahead than

@@ -16,9 +16,9 @@ import (
 // Ledger is the instance ledger (package ledger).
 type Ledger interface {
 	Get(ctx context.Context, instanceID string) (ledger.Record, bool, error)
-	RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exit model.Exit) (ledger.Record, error)
-	RecordState(ctx context.Context, instanceID string, pod model.PodRef, sc ledger.StateChange) (ledger.Record, error)
-	Adopt(ctx context.Context, instanceID string, pod model.PodRef) (ledger.Record, error)
+	RecordExit(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string, exit model.Exit) (ledger.Record, error)
+	RecordState(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string, sc ledger.StateChange) (ledger.Record, error)
+	Adopt(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string) (ledger.Record, error)
 	MarkDone(ctx context.Context, instanceID string, d ledger.Done) error
 	Pending(ctx context.Context, fn func(ledger.Record) error) error
 	GetMany(ctx context.Context, ids []string) ledger.Fetched

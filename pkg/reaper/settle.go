@@ -137,7 +137,7 @@ func (e *entry) orphanDone() (ledger.Done, bool) {
 	if !e.orphanConfirmed() || e.termErr != nil {
 		return ledger.Done{}, false
 	}
-	d := ledger.Done{Pod: e.ec2.Pod, Settled: true}
+	d := ledger.Done{Pod: e.ec2.Pod, ExitTokenHash: e.ec2.ExitTokenHash, Settled: true}
 	if e.stored != nil {
 		d.Version = e.stored.Version
 	}

@@ -235,7 +235,7 @@ func (r *Reaper) missedGone(ctx context.Context, managed map[string]instances.In
 	var mu sync.Mutex
 	wrote := map[string]bool{}
 	err := sweepWrites(ctx, ids, sum, func(id string) error {
-		rec, err := r.Ledger.RecordState(ctx, id, managed[id].Pod, ledger.StateChange{State: managed[id].State, At: now, SeenAt: now})
+		rec, err := r.Ledger.RecordState(ctx, id, managed[id].Pod, managed[id].ExitTokenHash, ledger.StateChange{State: managed[id].State, At: now, SeenAt: now})
 		if err != nil {
 			return err
 		}
@@ -317,7 +317,7 @@ func (r *Reaper) adopt(ctx context.Context, managed map[string]instances.Instanc
 	slices.Sort(ids)
 	var mu sync.Mutex
 	return sweepWrites(ctx, ids, sum, func(id string) error {
-		rec, err := r.Ledger.Adopt(ctx, id, managed[id].Pod)
+		rec, err := r.Ledger.Adopt(ctx, id, managed[id].Pod, managed[id].ExitTokenHash)
 		if err != nil {
 			return err
 		}

@@ -26,14 +26,19 @@ type claim struct {
 // and UID, and, when the instance carries an exit-token hash, the same
 // hash: only its own host knows the token, so no other host can speak for
 // its Pod. Once EC2 no longer knows it, a record checked against those
-// tags while it did (rec) backs a claim of the Pod it names: the exit of a
-// Pod whose lookups failed until EC2 forgot its instance still counts.
+// tags while it did (rec) backs a claim of the Pod it names, with the
+// token whose hash the record kept from the tags, if it kept one: the exit
+// of a Pod whose lookups failed until EC2 forgot its instance still
+// counts, and the token still holds.
 func trust(c claim, ec2 *instances.Instance, rec *ledger.Record) string {
 	if ec2 == nil {
-		if rec != nil && !rec.Unverified && rec.Pod.UID != "" && rec.Pod == c.pod {
-			return ""
+		switch {
+		case rec == nil || rec.Unverified || rec.Pod.UID == "" || rec.Pod != c.pod:
+			return model.ReasonInstanceUnknown
+		case rec.ExitTokenHash != "" && c.tokenHash != rec.ExitTokenHash:
+			return model.ReasonTokenMismatch
 		}
-		return model.ReasonInstanceUnknown
+		return ""
 	}
 	switch {
 	case !ec2.Managed:
