@@ -81,3 +81,29 @@ func TestHostPodRefusals(t *testing.T) {
 		}
 	}
 }
+
+// The service account token the apiserver's ServiceAccount admission
+// mounts into every Pod (a projected volume, in every container) is
+// refused once, with what to set, not as an unknown volume kind and a
+// mount of a missing volume in each container.
+func TestHostPodServiceAccountToken(t *testing.T) {
+	pod := jobPod()
+	const vol = "kube-api-access-x7k2p"
+	expiry := int64(3607)
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: vol, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+		Sources: []corev1.VolumeProjection{
+			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{ExpirationSeconds: &expiry, Path: "token"}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"}}},
+		},
+	}}})
+	mount := corev1.VolumeMount{Name: vol, MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true}
+	for i := range pod.Spec.InitContainers {
+		pod.Spec.InitContainers[i].VolumeMounts = append(pod.Spec.InitContainers[i].VolumeMounts, mount)
+	}
+	pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, mount)
+	_, err := hostPod(pod)
+	want := "volume " + vol + ": the service account token is not supported: set automountServiceAccountToken: false on the Pod or its ServiceAccount"
+	if err == nil || err.Error() != want {
+		t.Errorf("refusal %v\nwant %s", err, want)
+	}
+}

@@ -416,11 +416,18 @@ func hostPod(pod *corev1.Pod) (userdata.Pod, error) {
 	if pod.Spec.HostNetwork {
 		errs = append(errs, errors.New("hostNetwork would give the workload the instance role's credentials"))
 	}
+	// refused are the volumes refused, whose mounts are not checked again.
+	refused := map[string]bool{}
 	for _, v := range pod.Spec.Volumes {
 		switch {
+		case serviceAccountToken(v):
+			refused[v.Name] = true
+			errs = append(errs, fmt.Errorf("volume %s: the service account token is not supported: set automountServiceAccountToken: false on the Pod or its ServiceAccount", v.Name))
 		case v.EmptyDir == nil:
+			refused[v.Name] = true
 			errs = append(errs, fmt.Errorf("volume %s: only emptyDir volumes are supported", v.Name))
 		case v.EmptyDir.Medium != corev1.StorageMediumDefault:
+			refused[v.Name] = true
 			errs = append(errs, fmt.Errorf("volume %s: emptyDir medium %q is not supported (the host's disk only)", v.Name, v.EmptyDir.Medium))
 		default:
 			up.Volumes = append(up.Volumes, userdata.Volume{Name: v.Name, EmptyDir: &userdata.EmptyDir{}})
@@ -443,6 +450,9 @@ func hostPod(pod *corev1.Pod) (userdata.Pod, error) {
 			hc.Env = append(hc.Env, userdata.EnvVar{Name: e.Name, Value: e.Value})
 		}
 		for _, m := range c.VolumeMounts {
+			if refused[m.Name] {
+				continue
+			}
 			if m.SubPath != "" || m.SubPathExpr != "" {
 				errs = append(errs, fmt.Errorf("%s (%s): volume mount %s with a subPath is not supported", field, c.Name, m.Name))
 				continue
@@ -464,6 +474,17 @@ func hostPod(pod *corev1.Pod) (userdata.Pod, error) {
 		errs = append(errs, err)
 	}
 	return up, errors.Join(errs...)
+}
+
+// serviceAccountToken says whether v carries a service account token: the
+// projected volume the apiserver's ServiceAccount admission adds to every
+// Pod (kube-api-access-…) unless automountServiceAccountToken is false.
+// The provider mints no token for the host.
+func serviceAccountToken(v corev1.Volume) bool {
+	if v.Projected == nil {
+		return false
+	}
+	return slices.ContainsFunc(v.Projected.Sources, func(p corev1.VolumeProjection) bool { return p.ServiceAccountToken != nil })
 }
 
 // instanceOf returns the Pod's instance, from memory or else from
