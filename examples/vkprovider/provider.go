@@ -178,7 +178,11 @@ func run(ctx context.Context, cfg Config, newHandler func(Config, corev1listers.
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
 		}))
-	factory := informers.NewSharedInformerFactory(cfg.Kube, time.Minute)
+	// The pod controller takes ConfigMap, Secret and Service informers to
+	// resolve the containers' environment references before CreatePod.
+	// With that resolution off they are never read, so their factory is
+	// never started: the provider lists no Secret, ConfigMap or Service.
+	unused := informers.NewSharedInformerFactory(cfg.Kube, 0)
 	pods := podFactory.Core().V1().Pods()
 
 	broadcaster := record.NewBroadcaster()
@@ -191,17 +195,21 @@ func run(ctx context.Context, cfg Config, newHandler func(Config, corev1listers.
 		PodInformer:       pods,
 		EventRecorder:     broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: cfg.NodeName}),
 		Provider:          p,
-		ConfigMapInformer: factory.Core().V1().ConfigMaps(),
-		SecretInformer:    factory.Core().V1().Secrets(),
-		ServiceInformer:   factory.Core().V1().Services(),
+		ConfigMapInformer: unused.Core().V1().ConfigMaps(),
+		SecretInformer:    unused.Core().V1().Secrets(),
+		ServiceInformer:   unused.Core().V1().Services(),
+		// The provider sees the Pod's spec as written: an environment
+		// from references (valueFrom, envFrom) is refused (hostPod), not
+		// resolved into literal values that the user-data would carry,
+		// Secrets' among them; and no Service variables are added, whose
+		// cluster IPs a host outside the cluster network cannot reach.
+		SkipDownwardAPIResolution: true,
 	})
 	if err != nil {
 		return err
 	}
 	podFactory.Start(ctx.Done())
-	factory.Start(ctx.Done())
 	defer podFactory.Shutdown()
-	defer factory.Shutdown()
 
 	errs := make(chan error, 2)
 	go func() { errs <- nc.Run(ctx) }()
