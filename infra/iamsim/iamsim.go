@@ -70,6 +70,11 @@ type Question struct {
 	// the conditions on the unknown keys.
 	Discover       bool   `json:"discover,omitempty"`
 	WantConditions string `json:"-"`
+	// Absent are keys a Discover question knows the request lacks (such
+	// as ec2:CreateAction, after launch). The evaluator takes a Null
+	// condition on a key it does not know to hold: Discover answers leave
+	// such conditions out, which concrete questions must ask about.
+	Absent []string `json:"absent,omitempty"`
 }
 
 // Answer is the evaluator's answer to one question.

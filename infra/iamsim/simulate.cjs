@@ -70,11 +70,12 @@ async function answer(q) {
   };
   const options = {};
   if (q.discover) {
-    // Discovery: the keys the question gives are known, every other one
-    // (an instance's tags) may take any value, and the answer says under
-    // which conditions on them the request is allowed.
+    // Discovery: the keys the question gives are known, and so is the
+    // absence of those it says are absent; every other one (an instance's
+    // tags) may take any value, and the answer says under which conditions
+    // on them the request is allowed.
     options.simulationMode = "Discovery";
-    options.discoveryContextKeyConstraints = Object.keys(simulation.request.contextVariables).map((keyName) => ({
+    options.discoveryContextKeyConstraints = [...Object.keys(simulation.request.contextVariables), ...(q.absent ?? [])].map((keyName) => ({
       keyName,
       presenceIsKnown: true,
       valueIsKnown: true,

@@ -893,6 +893,36 @@ func TestAgentPolicy(t *testing.T) {
 	}
 	// It is attached to nothing: the provider's instance role takes it.
 	has(t, tmpl, "AWS::IAM::ManagedPolicy", map[string]any{"Roles": assertions.Match_Absent()})
+
+	// The docs show it as deployed, the account, region and cluster left
+	// to fill in.
+	env := iamsim.TestEnv("Test")
+	deployed, err := iamsim.ManagedPolicies(m, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile("../../docs/provider.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(raw)
+	i := strings.Index(text, "\n## IAM the instance needs\n")
+	if i < 0 {
+		t.Fatal("docs/provider.md: no section IAM the instance needs")
+	}
+	block := text[i:]
+	block = block[strings.Index(block, "```json\n")+len("```json\n"):]
+	block = block[:strings.Index(block, "```")]
+	block = strings.NewReplacer("REGION", env.Region, "ACCOUNT", env.Account, "CLUSTER", "demo").Replace(block)
+	var shown map[string]any
+	if err := json.Unmarshal([]byte(block), &shown); err != nil {
+		t.Fatalf("docs/provider.md's agent policy: %v\n%s", err, block)
+	}
+	for _, p := range deployed {
+		if !reflect.DeepEqual(shown, p.Document) {
+			t.Errorf("docs/provider.md shows the agent policy\n%s\nthe construct deploys\n%s", compact(shown), compact(p.Document))
+		}
+	}
 }
 
 // askIAM asks the evaluator the questions every deployment must answer as
