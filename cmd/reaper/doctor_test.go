@@ -49,7 +49,7 @@ func TestDoctorCLI(t *testing.T) {
 
 	out, errOut, code := doctor()
 	if code != 0 || !strings.HasPrefix(out, "PASS  stack "+doctorlab.StackName+": CREATE_COMPLETE") ||
-		!strings.HasSuffix(out, "\n13 checks: 0 failed, 0 warnings, 13 passed, 0 skipped\n") || errOut != "" {
+		!strings.HasSuffix(out, "\n14 checks: 0 failed, 0 warnings, 14 passed, 0 skipped\n") || errOut != "" {
 		t.Errorf("healthy: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 
@@ -65,7 +65,7 @@ func TestDoctorCLI(t *testing.T) {
 	}
 	out, errOut, code = doctor("-cluster", labstack.Cluster, "-provider-nodes", "type=virtual-kubelet")
 	if code != 0 || !strings.Contains(out, "WARN  admission policy reaper-pod-status: no provider Node yet: no Node matches -provider-nodes \"type=virtual-kubelet\"") ||
-		!strings.Contains(out, "      fix: start the provider") || !strings.HasSuffix(out, "\n13 checks: 0 failed, 1 warnings, 12 passed, 0 skipped\n") || errOut != "" {
+		!strings.Contains(out, "      fix: start the provider") || !strings.HasSuffix(out, "\n14 checks: 0 failed, 1 warnings, 13 passed, 0 skipped\n") || errOut != "" {
 		t.Errorf("before the provider runs: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 	node.ResourceVersion = ""

@@ -2,8 +2,8 @@
 // `reaper doctor` to check: the stack (internal/cfnserver), its four
 // functions (internal/lambdaserver), the exit log group with its
 // subscription filter and an exit line (internal/logsserver), the queues
-// (internal/sqsserver), a running instance with every launch tag
-// (internal/ec2server), and, on the real apiserver, deploy/*.yaml applied
+// (internal/sqsserver), a running instance with every launch tag, the
+// exit token's hash among them (internal/ec2server), and, on the real apiserver, deploy/*.yaml applied
 // and the provider's virtual node. Tests then break one piece at a time.
 package doctorlab
 
@@ -161,14 +161,19 @@ func Start(t *testing.T) *Lab {
 	return l
 }
 
-// LaunchTags are the six tags a provider writes on the instance of the Pod
-// namespace/name of the lab's cluster.
+// LaunchTags are the seven tags a provider writes on the instance of the
+// Pod namespace/name of the lab's cluster, the exit-token tag with the hash
+// of ExitToken(name).
 func (l *Lab) LaunchTags(namespace, name string) map[string]string {
 	return map[string]string{
 		model.DefaultTagManaged: "true", model.DefaultTagCluster: labstack.Cluster, model.DefaultTagClusterUID: l.ClusterUID,
 		model.DefaultTagPodNamespace: namespace, model.DefaultTagPodName: name, model.DefaultTagPodUID: "uid-" + name,
+		model.DefaultTagExitToken: model.ExitTokenHash(ExitToken(name)),
 	}
 }
+
+// ExitToken is the exit token of the launch of the Pod called name.
+func ExitToken(name string) string { return "exit-token-of-" + name + "-0123456789abcdefghijklmnop" }
 
 // PutStack stores the deployment's stack with its outputs and resources,
 // less the outputs and function resources named in leaveOut.
@@ -205,7 +210,7 @@ func (l *Lab) PutExitLine(tb testing.TB, instance string, at time.Time) {
 	tb.Helper()
 	b, err := json.Marshal(exitline.Line{
 		Reaper: exitline.Kind, V: exitline.Version, InstanceID: instance, PodNamespace: "batch", PodName: "job-1", PodUID: "uid-job-1",
-		Container: "main", ExitCode: 0, StartedAt: at.Add(-time.Minute), FinishedAt: at,
+		Container: "main", Token: ExitToken("job-1"), ExitCode: 0, StartedAt: at.Add(-time.Minute), FinishedAt: at,
 	})
 	if err != nil {
 		tb.Fatal(err)

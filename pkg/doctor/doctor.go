@@ -1,7 +1,8 @@
 // Package doctor checks a Reaper deployment from the operator's seat: the
 // stack and its functions, Reaper's rights in the cluster, the admission
-// policy and the FlowSchema, the launch tags of the running instances, the
-// exit lines arriving, and the queues where failed work waits. Each check
+// policy and the FlowSchema, the launch tags of the running instances
+// (the exit-token tag under the key the deployment reads), the exit lines
+// arriving, and the queues where failed work waits. Each check
 // gives a Result that says what it found and, when something is wrong, how
 // to fix it. It only reads: nothing it does changes the deployment.
 //
@@ -150,6 +151,7 @@ func Run(ctx context.Context, c Clients, opts Options) []Result {
 	r.checkAdmission(ctx)
 	r.checkFlowSchema(ctx)
 	r.checkInstances(ctx)
+	r.checkExitTokens()
 	r.checkExitLines(ctx)
 	r.checkQueue(ctx, "dead-letter queue", outputDeadLetterQueue, deadLetterFix)
 	r.checkQueue(ctx, "failure queue", outputFailureQueue, failureQueueFix)
@@ -181,6 +183,9 @@ type run struct {
 	// managedRunning counts the running instances of the cluster; -1
 	// when they could not be listed.
 	managedRunning int
+	// tokens sorts them by their exit-token tag; nil when they could not
+	// be listed.
+	tokens *tokenTags
 
 	results []Result
 }

@@ -3,6 +3,7 @@ package doctor_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -37,6 +38,7 @@ const (
 	checkAdmission      = "admission policy reaper-pod-status"
 	checkFlowSchema     = "FlowSchema reaper"
 	checkInstances      = "instance tags"
+	checkExitToken      = "exit-token tag"
 	checkExitLines      = "exit lines"
 	checkDeadLetters    = "dead-letter queue"
 	checkFailures       = "failure queue"
@@ -44,7 +46,7 @@ const (
 
 var allChecks = []string{
 	checkStack, checkExitRecorder, checkStateChange, checkSweeper, checkReconciler, checkGroup, checkServiceAccount,
-	checkAdmission, checkFlowSchema, checkInstances, checkExitLines, checkDeadLetters, checkFailures,
+	checkAdmission, checkFlowSchema, checkInstances, checkExitToken, checkExitLines, checkDeadLetters, checkFailures,
 }
 
 // want is what one check should come out as, other than Pass: its status
@@ -194,7 +196,7 @@ func TestDoctor(t *testing.T) {
 	if err := doctor.Write(&out, results); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasSuffix(out.String(), "13 checks: 0 failed, 0 warnings, 13 passed, 0 skipped\n") || strings.Contains(out.String(), "fix:") {
+	if !strings.HasSuffix(out.String(), "14 checks: 0 failed, 0 warnings, 14 passed, 0 skipped\n") || strings.Contains(out.String(), "fix:") {
 		t.Errorf("healthy report:\n%s", out.String())
 	}
 	for _, r := range results {
@@ -206,7 +208,7 @@ func TestDoctor(t *testing.T) {
 		expect(t, run(doctor.Options{StackName: "Reaper-elsewhere"}), map[string]want{
 			"stack Reaper-elsewhere": {doctor.Fail, "no such stack", "-stack"},
 			checkExitRecorder:        skipped, checkStateChange: skipped, checkSweeper: skipped, checkReconciler: skipped,
-			checkInstances: skipped, checkExitLines: skipped, checkDeadLetters: skipped, checkFailures: skipped,
+			checkInstances: skipped, checkExitToken: skipped, checkExitLines: skipped, checkDeadLetters: skipped, checkFailures: skipped,
 		}, checkStack, "stack Reaper-elsewhere")
 	})
 
@@ -411,6 +413,75 @@ func TestDoctor(t *testing.T) {
 		if strings.Contains(detail, stopped.ID) || strings.Contains(detail, lab.Instance.ID) {
 			t.Errorf("instance tags: %q names a stopped or a well-tagged instance", detail)
 		}
+	})
+
+	// The provider's exit-token tag against the key the deployment reads
+	// (REAPER_TAG_EXIT_TOKEN): another key fails, a hash-like tag under an
+	// unknown key and no tag at all warn, some instances without the tag
+	// pass (instances launched without a token are allowed).
+	withTags := func(t *testing.T, name string, edit func(tags map[string]string)) ec2server.Instance {
+		t.Helper()
+		tags := lab.LaunchTags("batch", name)
+		edit(tags)
+		inst := lab.Stack.EC2.AddInstance(ec2server.Instance{Tags: tags})
+		t.Cleanup(func() { lab.Stack.EC2.RemoveInstance(inst.ID) })
+		return inst
+	}
+	moveToken := func(key string) func(map[string]string) {
+		return func(tags map[string]string) {
+			tags[key] = tags[model.DefaultTagExitToken]
+			delete(tags, model.DefaultTagExitToken)
+		}
+	}
+
+	t.Run("exit-token tag under another key", func(t *testing.T) {
+		inst := withTags(t, "job-5", moveToken("example.com/exit-token-sha256"))
+		results := run(healthy)
+		expect(t, results, map[string]want{checkExitToken: {doctor.Fail,
+			inst.ID + " (example.com/exit-token-sha256) carry an exit-token tag under another key than reaper.io/exit-token-sha256",
+			"-c tagExitToken=example.com/exit-token-sha256"}})
+		if detail := result(t, results, checkExitToken).Detail; strings.Contains(detail, lab.Instance.ID) {
+			t.Errorf("exit-token tag: %q names the well-tagged instance", detail)
+		}
+	})
+
+	t.Run("deployment reading another exit-token key", func(t *testing.T) {
+		fn := lab.Functions[metrics.FunctionReconciler]
+		custom := fn
+		custom.Environment = maps.Clone(fn.Environment)
+		custom.Environment["REAPER_TAG_EXIT_TOKEN"] = "example.com/exit-token-sha256"
+		lab.Lambda.PutFunction(custom)
+		defer lab.Lambda.PutFunction(fn)
+		expect(t, run(healthy), map[string]want{checkExitToken: {doctor.Fail,
+			lab.Instance.ID + " (reaper.io/exit-token-sha256) carry an exit-token tag under another key than example.com/exit-token-sha256",
+			"under example.com/exit-token-sha256"}})
+		withTags(t, "job-6", moveToken("example.com/exit-token-sha256"))
+		lab.Stack.EC2.RemoveInstance(lab.Instance.ID)
+		defer lab.Stack.EC2.AddInstance(lab.Instance)
+		expect(t, run(healthy), map[string]want{checkExitToken: {doctor.Pass, "1 running instance of cluster reaper-local, each with example.com/exit-token-sha256", ""}})
+	})
+
+	t.Run("hash-like tag under an unknown key", func(t *testing.T) {
+		inst := withTags(t, "job-7", moveToken("provider.example.com/launch-digest"))
+		expect(t, run(healthy), map[string]want{checkExitToken: {doctor.Warn,
+			inst.ID + " (provider.example.com/launch-digest) carry no reaper.io/exit-token-sha256 but a tag whose value looks like a SHA-256",
+			"-c tagExitToken=provider.example.com/launch-digest"}})
+	})
+
+	t.Run("malformed exit-token tag", func(t *testing.T) {
+		inst := withTags(t, "job-8", func(tags map[string]string) {
+			tags[model.DefaultTagExitToken] = strings.ToUpper(tags[model.DefaultTagExitToken])
+		})
+		expect(t, run(healthy), map[string]want{checkExitToken: {doctor.Fail, inst.ID + ` ("`, "lower-case hex"}})
+	})
+
+	t.Run("instances launched without an exit token", func(t *testing.T) {
+		noToken := func(tags map[string]string) { delete(tags, model.DefaultTagExitToken) }
+		withTags(t, "job-9", noToken)
+		expect(t, run(healthy), map[string]want{checkExitToken: {doctor.Pass, "1 of the 2 running instances of cluster reaper-local carry reaper.io/exit-token-sha256; the other 1 were launched without an exit token", ""}})
+		lab.Stack.EC2.RemoveInstance(lab.Instance.ID)
+		defer lab.Stack.EC2.AddInstance(lab.Instance)
+		expect(t, run(healthy), map[string]want{checkExitToken: {doctor.Warn, "none of the 1 running instance of cluster reaper-local carries reaper.io/exit-token-sha256", "userdata.Launch"}})
 	})
 
 	later := healthy

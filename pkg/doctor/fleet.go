@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -61,6 +63,7 @@ func (r *run) checkInstances(ctx context.Context) {
 	}
 	r.managedRunning = found.total - len(found.noCluster)
 	r.reportLaunchTags(check, found)
+	r.tokens = &found.tokens
 }
 
 // readClusterUID reads the UID of the cluster's kube-system namespace,
@@ -84,6 +87,65 @@ type managedInstances struct {
 	// noCluster lack the cluster tag, noUID the cluster-uid tag; wrongUID
 	// carry another cluster's UID ("id (uid)"); ok are fully tagged.
 	noCluster, noUID, wrongUID, ok []string
+	// tokens sorts the instances of the cluster by their exit-token tag.
+	tokens tokenTags
+}
+
+// tokenTags are the running instances of the cluster by their exit-token
+// tag, as the deployment reads it (model.TagKeys.ExitToken).
+type tokenTags struct {
+	// total counts them all.
+	total int
+	// tagged carry the deployment's key with a hash; malformed carry it
+	// with a value no token hashes to ("id (value)").
+	tagged, malformed []string
+	// otherKey lack the deployment's key but carry one named like an
+	// exit-token tag ("id (key)"); hashLike lack both but carry a tag
+	// whose value has the hash's form, 64 lower-case hex digits.
+	otherKey, hashLike []string
+	// keys are the keys of otherKey, then of hashLike, without repeats.
+	keys []string
+}
+
+// exitTokenKeySuffix ends the default exit-token tag key
+// (model.DefaultTagExitToken): a key that ends with it, whatever its
+// prefix, is a provider's exit-token tag.
+const exitTokenKeySuffix = "exit-token-sha256"
+
+// sort adds the instance id with tags to t.
+func (t *tokenTags) sort(id string, tags map[string]string, key string) {
+	t.total++
+	if v, ok := tags[key]; ok {
+		if model.ValidExitTokenHash(v) {
+			t.tagged = append(t.tagged, id)
+		} else {
+			t.malformed = append(t.malformed, fmt.Sprintf("%s (%.80q)", id, v))
+		}
+		return
+	}
+	var named, hashed string
+	for _, k := range slices.Sorted(maps.Keys(tags)) {
+		switch lower := strings.ToLower(k); {
+		case named == "" && (strings.HasSuffix(lower, exitTokenKeySuffix) || strings.Contains(lower, "exit-token") || strings.Contains(lower, "exittoken")):
+			named = k
+		case hashed == "" && model.ValidExitTokenHash(tags[k]):
+			hashed = k
+		}
+	}
+	switch {
+	case named != "":
+		t.otherKey = append(t.otherKey, id+" ("+named+")")
+		t.addKey(named)
+	case hashed != "":
+		t.hashLike = append(t.hashLike, id+" ("+hashed+")")
+		t.addKey(hashed)
+	}
+}
+
+func (t *tokenTags) addKey(k string) {
+	if !slices.Contains(t.keys, k) {
+		t.keys = append(t.keys, k)
+	}
 }
 
 // listManagedInstances pages through the pending and running instances
@@ -111,7 +173,8 @@ func (r *run) listManagedInstances(ctx context.Context) (managedInstances, error
 	return found, nil
 }
 
-// sortByLaunchTags adds inst to found by its cluster and cluster-uid tags.
+// sortByLaunchTags adds inst to found by its cluster and cluster-uid tags,
+// and an instance of the cluster by its exit-token tag too.
 func (r *run) sortByLaunchTags(found *managedInstances, inst ec2types.Instance) {
 	tags := map[string]string{}
 	for _, t := range inst.Tags {
@@ -120,6 +183,9 @@ func (r *run) sortByLaunchTags(found *managedInstances, inst ec2types.Instance) 
 	id := aws.ToString(inst.InstanceId)
 	cluster, hasCluster := tags[r.tags.Cluster]
 	uid, hasUID := tags[r.tags.ClusterUID]
+	if hasCluster && cluster == r.cluster {
+		found.tokens.sort(id, tags, r.tags.ExitToken)
+	}
 	switch {
 	case !hasCluster:
 		found.noCluster = append(found.noCluster, id)
@@ -157,6 +223,62 @@ func (r *run) reportLaunchTags(check string, found managedInstances) {
 	default:
 		r.add(check, Pass, fmt.Sprintf("%s of cluster %s, each with %s and %s", count(len(found.ok), "running instance"), r.cluster, keys.Cluster, keys.ClusterUID), "")
 	}
+}
+
+// checkExitTokens reports whether the running instances of the cluster
+// carry the exit-token tag under the key the deployment reads
+// (REAPER_TAG_EXIT_TOKEN): a provider that writes the hash under another
+// key gets no token check at all, silently, since an instance without the
+// tag is believed on its other tags (the reconciler counts such lines as
+// ExitTokensUnexpected). It fails for an exit-token tag under another key
+// or with a value no token hashes to; it warns for a hash-like tag under
+// another key, and when no instance carries the tag (instances launched
+// without a token are allowed, but then one host can end another's Pod);
+// it passes when some carry it, whatever the others do.
+func (r *run) checkExitTokens() {
+	const check = "exit-token tag"
+	key := r.tags.ExitToken
+	if r.tokens == nil {
+		r.add(check, Skip, "the managed instances could not be listed", "")
+		return
+	}
+	t := *r.tokens
+	var fails []string
+	if len(t.otherKey) > 0 {
+		fails = append(fails, fmt.Sprintf("%s carry an exit-token tag under another key than %s, the one the deployment reads: no exit token of theirs is checked", listIDs(t.otherKey), key))
+	}
+	if len(t.malformed) > 0 {
+		fails = append(fails, fmt.Sprintf("%s carry a %s that is not a SHA-256 in lower-case hex: every exit line of theirs is refused (token-mismatch)", listIDs(t.malformed), key))
+	}
+	switch {
+	case len(fails) > 0:
+		r.add(check, Fail, strings.Join(fails, "; "), r.exitTokenFix(t.keys))
+	case len(t.hashLike) > 0:
+		r.add(check, Warn, fmt.Sprintf("%s carry no %s but a tag whose value looks like a SHA-256: if it is their exit-token hash, no exit token of theirs is checked", listIDs(t.hashLike), key),
+			r.exitTokenFix(t.keys))
+	case t.total == 0:
+		r.add(check, Pass, "no managed instance of cluster "+r.cluster+" runs", "")
+	case len(t.tagged) == 0:
+		r.add(check, Warn, fmt.Sprintf("none of the %s of cluster %s carries %s: no exit token is checked, so a host can end another instance's Pod by naming it", count(t.total, "running instance"), r.cluster, key),
+			"launch every instance with an exit token: userdata.Launch and reaper userdata -o launch draw one and write its hash under "+key+
+				"; a provider that writes it under another key: have it write "+key+" (reaper userdata -tag-key-exit-token), or deploy the stack with -c tagExitToken=<its key>")
+	case len(t.tagged) < t.total:
+		r.add(check, Pass, fmt.Sprintf("%d of the %s of cluster %s carry %s; the other %d were launched without an exit token", len(t.tagged), count(t.total, "running instance"), r.cluster, key, t.total-len(t.tagged)), "")
+	default:
+		r.add(check, Pass, fmt.Sprintf("%s of cluster %s, each with %s", count(t.total, "running instance"), r.cluster, key), "")
+	}
+}
+
+// exitTokenFix says how to make the provider's exit-token tag key and the
+// deployment's agree, given the keys the provider used instead.
+func (r *run) exitTokenFix(keys []string) string {
+	other := "<its key>"
+	if len(keys) > 0 {
+		other = keys[0]
+	}
+	return fmt.Sprintf("have the provider write the exit token's hash (model.ExitTokenHash: the SHA-256 of the token in lower-case hex) under %s, as userdata.Launch and reaper userdata -o launch do "+
+		"(-tag-key-exit-token names another key), or, if %s is the key you mean, deploy the stack with -c tagExitToken=%s, which sets the reconciler's REAPER_TAG_EXIT_TOKEN",
+		r.tags.ExitToken, other, other)
 }
 
 // launchTagsFix says how to have the provider write the launch tags, and
