@@ -14,13 +14,14 @@ import (
 // read first; ReadOnly (a dry run) and the tests' in-memory ledger apply
 // them here. TestRulesMatchTable holds both forms to the same answers.
 
-// WithExit is rec after RecordExit(id, pod, exitTokenHash, exit) at now, and whether the
-// write applies (false: rec is returned as it was). A later exit of the
-// container wins, unless its recorded one is a terminal exit of the same
-// Pod (it is final), and except over one an older version recorded
-// unverified for another Pod. Other containers' exits stay. An exit of
-// the older form (LegacyExit) is not weighed: the reconciler checks it
-// before it writes (FinalExit).
+// WithExit is rec after RecordExit(id, pod, exitTokenHash, exit) at now,
+// and whether the write applies (false: rec is returned as it was). A
+// later exit of the container wins, unless its recorded one is a
+// terminal exit of the same Pod (it is final), and except over one an
+// older version recorded unverified for another Pod. Other containers'
+// exits stay. An exit of the older form (LegacyExit) is not weighed: the
+// reconciler checks it before it writes (FinalExit). The record keeps the
+// first exit-token hash it is given (keepTokenHash).
 func WithExit(rec Record, id string, pod model.PodRef, exitTokenHash string, exit model.Exit, now time.Time) (Record, bool) {
 	replaceUnverified := rec.Unverified && rec.Pod.UID != pod.UID
 	if prev, ok := rec.Exits[exit.Container]; ok && !replaceUnverified &&
@@ -50,9 +51,9 @@ func FinalExit(rec Record, pod model.PodRef, container string) bool {
 	return ok && e.Terminal() && rec.Pod.UID == pod.UID
 }
 
-// WithState is rec after RecordState(id, pod, exitTokenHash, sc) at now, and whether the
-// write applies: only a state at least as new as the newest one recorded
-// does.
+// WithState is rec after RecordState(id, pod, exitTokenHash, sc) at now,
+// and whether the write applies: only a state at least as new as the
+// newest one recorded does.
 func WithState(rec Record, id string, pod model.PodRef, exitTokenHash string, sc StateChange, now time.Time) (Record, bool) {
 	if !rec.LastStateAt.IsZero() && (rec.LastStateAt.After(sc.At) || (rec.LastStateAt.Equal(sc.At) && rec.LastStateRank > sc.Rank())) {
 		return rec, false
