@@ -124,6 +124,15 @@ func (f *Fleet) Describe(ctx context.Context, ids []string) Described {
 					absent = append(absent, id)
 				}
 			}
+		case errors.Is(err, ErrNoTokens) && !refused(err):
+			// The share ran out: the confirmations first, then the chunks
+			// left, each call when the share covers it.
+			calls := slices.Collect(slices.Chunk(absent, describeChunk))
+			calls = append(calls, slices.Collect(slices.Chunk(ids[start:], describeChunk))...)
+			for id, spent := range f.pacer.leftDescribes(calls, time.Now()) {
+				d.Left[id] = fmt.Errorf("describe instances: %w", spent)
+			}
+			return d
 		case errors.Is(err, ErrNoTokens) || ctx.Err() != nil:
 			leave(d.Left, ids[start:], err)
 			leave(d.Left, absent, err)
@@ -348,6 +357,12 @@ func (f *Fleet) Terminate(ctx context.Context, ids []string, known map[string]In
 		n, err := f.pacer.terminateCall(ctx, len(group))
 		if err != nil {
 			rest := slices.Concat(groups...)
+			if errors.Is(err, ErrNoTokens) {
+				for id, err := range f.pacer.leftTerminates(rest, time.Now()) {
+					t.Left[id] = fmt.Errorf("terminate %d instances: %w", len(rest), err)
+				}
+				return t
+			}
 			leave(t.Left, rest, fmt.Errorf("terminate %d instances: %w", len(rest), err))
 			return t
 		}

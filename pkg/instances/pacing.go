@@ -3,6 +3,8 @@ package instances
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -15,6 +17,23 @@ import (
 // context's deadline, or because EC2 refused them (RequestLimitExceeded)
 // until then. The work is not failed: it is for later.
 var ErrNoTokens = errors.New("EC2 token budget spent until the deadline")
+
+// ShareSpent is the error of work a paced Fleet left because its share of
+// a bucket would not cover it before the deadline: pacing, not EC2's
+// refusal. Ready is when its share will have refilled for it, counting
+// the work left before it, in this call and in earlier ones (the tokens
+// promised to them). errors.Is(err, ErrNoTokens) holds. Work left so comes
+// back at Ready, not after a backoff: the bucket is not contended, only
+// spent.
+type ShareSpent struct {
+	Ready time.Time
+}
+
+func (e *ShareSpent) Error() string {
+	return fmt.Sprintf("%v: the share refills for it by %s", ErrNoTokens, e.Ready.UTC().Format(time.RFC3339))
+}
+
+func (e *ShareSpent) Unwrap() error { return ErrNoTokens }
 
 // callTime is what a call is left of its context: it starts only when
 // its tokens come at least callTime before the deadline, so that it is not
@@ -29,11 +48,81 @@ type pacer struct {
 	describe, terminate, terminateInstances, createTags *rate.Limiter
 	// waited is called with each wait.
 	waited func(time.Duration)
+
+	mu sync.Mutex
+	// promised is, per limiter, the time until which its refill is
+	// promised to work left earlier (ShareSpent.Ready of the last).
+	promised map[*rate.Limiter]time.Time
 }
 
 func newPacer(b model.Budget, waited func(time.Duration)) *pacer {
 	l := func(k model.Bucket) *rate.Limiter { return rate.NewLimiter(rate.Limit(k.Refill), max(k.Capacity, 1)) }
-	return &pacer{describe: l(b.Describe), terminate: l(b.Terminate), terminateInstances: l(b.TerminateInstances), createTags: l(b.CreateTags), waited: waited}
+	return &pacer{describe: l(b.Describe), terminate: l(b.Terminate), terminateInstances: l(b.TerminateInstances), createTags: l(b.CreateTags), waited: waited,
+		promised: map[*rate.Limiter]time.Time{}}
+}
+
+// promise returns when each of n pieces of work left now, in order, will
+// have its token of l, piece i its (i+1)th: after the tokens l holds or
+// has reserved, and after the refill already promised to work left
+// before; the refill up to the last is then promised to them.
+func (p *pacer) promise(l *rate.Limiter, now time.Time, n int) []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rate := float64(l.Limit())
+	if n <= 0 || rate <= 0 {
+		return nil
+	}
+	after := func(tokens float64) time.Duration { return time.Duration(max(tokens, 0) / rate * float64(time.Second)) }
+	held := l.TokensAt(now)
+	from, promised := now, p.promised[l].After(now)
+	if promised {
+		from = p.promised[l]
+	}
+	ready := make([]time.Time, n)
+	for i := range ready {
+		own := now.Add(after(float64(i+1) - held))
+		if promised {
+			own = laterOf(own, from.Add(after(float64(i+1))))
+		}
+		ready[i] = own
+	}
+	p.promised[l] = ready[n-1]
+	return ready
+}
+
+// leftTerminates is the error of each of ids, a terminate left for want of
+// its share, in order: ShareSpent with when the share covers it (one
+// token of the instances bucket each, one of the request bucket per
+// terminateChunk of them).
+func (p *pacer) leftTerminates(ids []string, now time.Time) map[string]error {
+	instances := p.promise(p.terminateInstances, now, len(ids))
+	requests := p.promise(p.terminate, now, (len(ids)+terminateChunk-1)/terminateChunk)
+	out := make(map[string]error, len(ids))
+	for i, id := range ids {
+		out[id] = &ShareSpent{Ready: laterOf(instances[i], requests[i/terminateChunk])}
+	}
+	return out
+}
+
+// leftDescribes is the error of each of calls, the ids of describe calls
+// left for want of their share, in order: ShareSpent with when the share
+// covers the call (one token of the describe bucket each).
+func (p *pacer) leftDescribes(calls [][]string, now time.Time) map[string]error {
+	ready := p.promise(p.describe, now, len(calls))
+	out := map[string]error{}
+	for i, ids := range calls {
+		for _, id := range ids {
+			out[id] = &ShareSpent{Ready: ready[i]}
+		}
+	}
+	return out
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // take waits for the tokens of one call: one of request's and, with a

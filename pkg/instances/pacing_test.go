@@ -321,6 +321,64 @@ func TestRefusedTerminateIsDeferred(t *testing.T) {
 	}
 }
 
+// Work the share does not cover is left with when the share will have
+// refilled for it (ShareSpent), one token after the other, and work left
+// by a later call comes after the refill already promised: pacing hands
+// the work back with a time, not a failure, and a refusal is not paced.
+func TestShareSpentSaysWhenTheShareCoversIt(t *testing.T) {
+	fleet, srv, ids := newFleet(t, 1, 400)
+	budget := model.PublishedBudget()
+	budget.TerminateInstances = model.Bucket{Capacity: 100, Refill: 10}
+	fleet.Pace(budget, nil)
+	known := describeAll(t, fleet, ids)
+
+	readies := func(res instances.Terminated, left []string) []time.Time {
+		t.Helper()
+		var out []time.Time
+		for _, id := range left {
+			var spent *instances.ShareSpent
+			if err := res.Left[id]; !errors.As(err, &spent) || !errors.Is(err, instances.ErrNoTokens) {
+				t.Fatalf("%s left with %v, want ShareSpent", id, err)
+			}
+			out = append(out, spent.Ready)
+		}
+		return out
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	res := fleet.Terminate(ctx, ids[:200], known)
+	done := len(res.Outcome)
+	if done < 100 || done > 110 {
+		t.Fatalf("%d terminated, want the 100 the bucket holds and the refill until the last call may start", done)
+	}
+	first := readies(res, ids[done:200])
+	// Those left need one more token each, at 10 a second: each a tenth
+	// of a second after the one before, the first once the tokens the
+	// terminate reserved are refilled.
+	if d := first[0].Sub(start); d < 0 || d > 1500*time.Millisecond {
+		t.Fatalf("first left ready %v after the start", d)
+	}
+	for i := 1; i < len(first); i++ {
+		if d := first[i].Sub(first[i-1]); d < 90*time.Millisecond || d > 110*time.Millisecond {
+			t.Fatalf("left %d ready %v after the one before, want 100 ms", i, d)
+		}
+	}
+	ctx2, cancel2 := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel2()
+	res = fleet.Terminate(ctx2, ids[200:300], known)
+	second := readies(res, ids[200:300])
+	if !second[0].After(first[len(first)-1]) {
+		t.Fatalf("a later call's work ready at %v, before the %v promised to the work left before it", second[0].Sub(start), first[len(first)-1].Sub(start))
+	}
+	if d := second[len(second)-1].Sub(first[len(first)-1]); d < 9900*time.Millisecond || d > 10100*time.Millisecond {
+		t.Fatalf("100 more left ready %v after those left before, want 10 s at 10 a second", d)
+	}
+	if c := srv.Refusals("TerminateInstances"); c != 0 {
+		t.Fatalf("%d refusals", c)
+	}
+}
+
 func TestParseBudget(t *testing.T) {
 	b, err := model.ParseBudget("terminate-instances=5000/100, describe=200/40")
 	if err != nil {
