@@ -65,8 +65,9 @@ type Message struct {
 	// State and At are a state message's state change.
 	State string    `json:"state,omitempty"`
 	At    time.Time `json:"at,omitzero"`
-	// QueuedAt is when the producer sent it (the reconciler measures the
-	// time to its decisions from it).
+	// QueuedAt is when its work was first queued: set by the first Send,
+	// kept by the sends that carry the work on (a deferral, a dead
+	// letter). The reconciler takes the longest-queued work first.
 	QueuedAt time.Time `json:"queuedAt,omitzero"`
 	// Checks counts the times the reconciler found EC2 not yet in the
 	// state a message claims (its answers are eventually consistent); it
@@ -126,6 +127,21 @@ type Item struct {
 	// SentAt is SQS's SentTimestamp; ReceiveCount its ApproximateReceiveCount.
 	SentAt       time.Time
 	ReceiveCount int
+}
+
+// Attempts is how often the item's work was taken up before and not
+// finished: the batches that deferred it (Attempt, carried by the message
+// they sent back) and SQS's earlier receives of this message (a batch item
+// failure brings it back as it came). One count bounds both.
+func (it Item) Attempts() int { return it.Attempt + max(it.ReceiveCount-1, 0) }
+
+// FirstQueued is when the item's work was first queued: its QueuedAt, or
+// SQS's SentTimestamp for a message without one.
+func (it Item) FirstQueued() time.Time {
+	if it.QueuedAt.IsZero() || (!it.SentAt.IsZero() && it.SentAt.Before(it.QueuedAt)) {
+		return it.SentAt
+	}
+	return it.QueuedAt
 }
 
 // Parse decodes one SQS record of an event source mapping's batch.
@@ -216,7 +232,10 @@ func (q *Queue) Send(ctx context.Context, delay time.Duration, msgs ...Message) 
 	sent := make([]int, 0, len(msgs))
 	var errs []error
 	for i, m := range msgs {
-		m.V, m.QueuedAt = Version, now
+		m.V = Version
+		if m.QueuedAt.IsZero() {
+			m.QueuedAt = now
+		}
 		b, err := json.Marshal(m)
 		if err != nil {
 			unsent = append(unsent, msgs[i])
