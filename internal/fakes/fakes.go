@@ -104,6 +104,19 @@ func (l *Ledger) Adopt(ctx context.Context, id string, pod model.PodRef, exitTok
 	return r, nil
 }
 
+func (l *Ledger) ExitQueued(ctx context.Context, id string, until time.Time) error {
+	if err := l.delay(ctx); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.Writes++
+	if r, applies := ledger.WithExitQueued(l.Recs[id], id, until, l.Now()); applies {
+		l.Recs[id] = r
+	}
+	return nil
+}
+
 func (l *Ledger) MarkDone(ctx context.Context, id string, d ledger.Done) error {
 	if err := l.delay(ctx); err != nil {
 		return err

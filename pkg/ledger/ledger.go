@@ -98,6 +98,11 @@ type Record struct {
 	// own clock: an event delivered hours after the time it carries does
 	// not date the exit-wait window in the past (GoneSince).
 	GoneSeenAt time.Time `dynamodbav:"goneSeenAt,omitempty" json:"goneSeenAt,omitempty"`
+	// ExitQueuedUntil is until when an exit claim for the instance, not yet
+	// checked, waits on the work queue (ExitQueued): the exit-wait window
+	// stays open until then, so that the Pod ends with that exit, not as
+	// lost.
+	ExitQueuedUntil time.Time `dynamodbav:"exitQueuedUntil,omitempty" json:"exitQueuedUntil,omitempty"`
 	// LastState and LastStateAt are the newest EC2 state seen, for latency
 	// figures and so older events never overwrite newer ones.
 	LastState     string    `dynamodbav:"lastState,omitempty" json:"lastState,omitempty"`
