@@ -226,11 +226,8 @@ const (
 	DefaultReconcilerBatchingWindow = time.Second
 	DefaultReconcilerMaxConcurrency = 2
 	DefaultEC2Share                 = 0.5
-	// DefaultPowerOffGrace outlasts the default user-data's power-off after
-	// the exit, and a burst's first batches, so that Reaper's
-	// TerminateInstances names only the hosts that do not power off; why
-	// this value, measured: docs/concepts.md, "How long".
-	DefaultPowerOffGrace = 30 * time.Second
+	// DefaultPowerOffGrace is the functions' own (config.DefaultPowerOffGrace).
+	DefaultPowerOffGrace = config.DefaultPowerOffGrace
 	// NoPowerOffGrace, as PowerOffGrace, sets none: Reaper terminates an
 	// instance as soon as it has written its Pod.
 	NoPowerOffGrace time.Duration = -1

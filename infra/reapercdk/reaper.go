@@ -453,8 +453,8 @@ func (r *Reaper) environment(spec function) map[string]*string {
 	if spec.orphans && p.OrphanCap != nil {
 		env["REAPER_ORPHAN_CAP"] = jsii.String(strconv.FormatFloat(*p.OrphanCap, 'g', -1, 64))
 	}
-	if spec.orphans && p.PowerOffGrace > 0 {
-		env["REAPER_POWER_OFF_GRACE"] = jsii.String(p.PowerOffGrace.String())
+	if spec.orphans {
+		env["REAPER_POWER_OFF_GRACE"] = jsii.String(max(p.PowerOffGrace, 0).String())
 	}
 	def := model.DefaultTagKeys()
 	for _, t := range []struct{ name, key, def string }{

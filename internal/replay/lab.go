@@ -264,8 +264,11 @@ func NewLabWith(ctx context.Context, stack *labstack.Stack, table string, bootst
 	if l.QueueURL, l.DeadLetterURL, err = createQueues(ctx, q, table+"-work", opts); err != nil {
 		return nil, err
 	}
+	// No power-off grace unless a test sets one (opts.Env comes last and
+	// wins): the lab's hosts are the tests' own, and most of them say when
+	// the instance goes.
 	l.Env = append(append(stack.Env(), "REAPER_TABLE="+table, "REAPER_QUEUE_URL="+l.QueueURL, "REAPER_DEAD_LETTER_QUEUE_URL="+l.DeadLetterURL,
-		fmt.Sprintf("REAPER_RECONCILER_CONCURRENCY=%d", opts.MaxConcurrency)), opts.Env...)
+		fmt.Sprintf("REAPER_RECONCILER_CONCURRENCY=%d", opts.MaxConcurrency), "REAPER_POWER_OFF_GRACE=0s"), opts.Env...)
 	for name, bin := range bootstraps {
 		n := 1
 		if name == metrics.FunctionReconciler {

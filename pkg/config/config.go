@@ -31,7 +31,8 @@ type Config struct {
 	OrphanGrace time.Duration
 	// PowerOffGrace is how long after a terminal exit a running instance is
 	// left to power itself off before Reaper terminates it
-	// (REAPER_POWER_OFF_GRACE, default 0: at once; at most 15m).
+	// (REAPER_POWER_OFF_GRACE, default DefaultPowerOffGrace; 0: at once;
+	// at most 15m).
 	PowerOffGrace time.Duration
 	// OrphanCap is the most a sweep terminates as orphans, as a part of the
 	// owned instances running (REAPER_ORPHAN_CAP, default 0.1, in (0, 1]):
@@ -91,10 +92,17 @@ type KubeAccess struct {
 
 // Defaults of the optional settings.
 const (
-	DefaultExitWait              = 3 * time.Minute
-	DefaultOrphanGrace           = 15 * time.Minute
-	DefaultEC2Share              = 0.5
-	DefaultOrphanCap             = 0.1
+	DefaultExitWait    = 3 * time.Minute
+	DefaultOrphanGrace = 15 * time.Minute
+	DefaultEC2Share    = 0.5
+	DefaultOrphanCap   = 0.1
+	// DefaultPowerOffGrace outlasts the default user-data's power-off after
+	// the exit, and a burst's first batches, so that Reaper's
+	// TerminateInstances names only the hosts that do not power off; why
+	// this value, measured: docs/concepts.md, "How long a grace". The one
+	// default: a function run bare (sam local invoke) and the stack's
+	// construct both take it.
+	DefaultPowerOffGrace         = 30 * time.Second
 	DefaultReconcilerConcurrency = 2
 )
 

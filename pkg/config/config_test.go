@@ -24,7 +24,7 @@ func TestDefaults(t *testing.T) {
 	}
 	if c.Cluster != "prod" || c.Tags.Cluster != "reaper.io/cluster" || c.MetricsNamespace != "Reaper" || c.ExitWait != 3*time.Minute || c.OrphanGrace != 15*time.Minute || !c.TerminateStopped || c.DryRun ||
 		c.Tags.Managed != "reaper.io/managed" || c.Tags.PodUID != "reaper.io/pod-uid" || c.Kube.Kubeconfig != "/k" ||
-		c.OrphanCap != 0.1 || c.PowerOffGrace != 0 || c.Tags.ClusterUID != "reaper.io/cluster-uid" || c.Tags.ExitToken != "reaper.io/exit-token-sha256" {
+		c.OrphanCap != 0.1 || c.PowerOffGrace != DefaultPowerOffGrace || c.Tags.ClusterUID != "reaper.io/cluster-uid" || c.Tags.ExitToken != "reaper.io/exit-token-sha256" {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -79,7 +79,7 @@ func TestBadSettings(t *testing.T) {
 	base := []string{"REAPER_TABLE", "t", "REAPER_CLUSTER", "c", "REAPER_QUEUE_URL", "q", "KUBECONFIG", "/k"}
 	for _, tc := range []struct{ extra []string }{
 		{[]string{"REAPER_TAG_POD_WRITTEN", "reaper.io/pod-written", "REAPER_POWER_OFF_GRACE", "10s"}},
-		{[]string{"REAPER_TAG_POD_WRITTEN", "reaper.io:pod-written"}},
+		{[]string{"REAPER_TAG_POD_WRITTEN", "reaper.io:pod-written", "REAPER_POWER_OFF_GRACE", "0s"}},
 	} {
 		if _, err := readAll(env(append(slices.Clone(base), tc.extra...)...)); err == nil || !strings.Contains(err.Error(), "REAPER_TAG_POD_WRITTEN") {
 			t.Errorf("%v: %v", tc.extra, err)

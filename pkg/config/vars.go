@@ -57,7 +57,7 @@ var Vars = []Var{
 		Doc: "How old a managed instance with no live Pod must be before the sweep queues it as an orphan."},
 	{Name: "REAPER_ORPHAN_CAP", Default: strconv.FormatFloat(DefaultOrphanCap, 'g', -1, 64),
 		Doc: "The most one sweep hands to the reconciler as orphans, as a part of the running owned instances (more than 0 and at most 1), but never fewer than 5, so that a small fleet's orphans go in one sweep; the rest wait for the next sweep and count as `OrphansHeldBack`."},
-	{Name: "REAPER_POWER_OFF_GRACE", Default: durationText(0),
+	{Name: "REAPER_POWER_OFF_GRACE", Default: durationText(DefaultPowerOffGrace),
 		Doc: "The power-off grace: how long after a terminal exit (with `REAPER_TAG_POD_WRITTEN`: after Reaper's write of its Pod, if later) an instance still running is left to power itself off before Reaper terminates it; 0 to 15m, 0: at once."},
 	{Name: "REAPER_TERMINATE_STOPPED", Default: "true",
 		Doc: "Terminate managed instances that stop: a stopped one-Pod instance does no work and still bills its volumes. With `false` they stay stopped; their Pod is still finalized after the exit-wait window."},
