@@ -102,7 +102,7 @@ var knobDocs = []knobDoc{
 	{key: "metricsNamespace", env: "REAPER_METRICS_NAMESPACE", def: "`Reaper/<cluster>`",
 		doc: "CloudWatch namespace the functions write their metrics to and the dashboard and alarms read; one per deployment in an account."},
 	{key: "terminateLatencyAlarm", def: "`2m`",
-		doc: "Alarm when the reconciler's p99 of `FinishToTerminated` (container finish to TerminateInstances accepted) over 5 minutes exceeds it."},
+		doc: "Alarm (`…TerminateLatency`) when the reconciler's p99 of `FinishToTerminated` (container finish to TerminateInstances accepted) over 5 minutes exceeds it while the reconciler has not paced its EC2 calls lately: a fault, not a burst ([runbook](operate.md#terminatelatency))."},
 	{key: "alarmEmail", def: "none",
 		doc: "Subscribe this address to the alarms (creates a topic unless `alarmTopicArn` is set)."},
 	{key: "alarmTopicArn", def: "none",

@@ -188,6 +188,7 @@ func Only(t testing.TB, tmpl map[string]any, typ string) (string, map[string]any
 var nameProperties = map[string]struct{ name, scope string }{
 	"AWS::CDK::Metadata":              {},
 	"AWS::CloudWatch::Alarm":          {"AlarmName", ""},
+	"AWS::CloudWatch::CompositeAlarm": {"AlarmName", ""},
 	"AWS::CloudWatch::Dashboard":      {"DashboardName", ""},
 	"AWS::DynamoDB::Table":            {"TableName", ""},
 	"AWS::EKS::AccessEntry":           {"PrincipalArn", "ClusterName"},

@@ -75,7 +75,6 @@ func tags(kv ...string) map[string]any {
 
 // The instances the provider's questions are about.
 var (
-	fleet = DefaultFleet("prod")
 	// ownWithout is the cluster's managed instance launched without the
 	// cluster identity tag; ownWith one launched with it.
 	ownWithout = Instance{ID: "i-0000000000000001a", Tags: map[string]string{"reaper.io/managed": "true", "reaper.io/cluster": "prod"}}

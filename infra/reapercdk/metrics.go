@@ -9,6 +9,7 @@ import (
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/interfaces/interfacesawscloudwatch"
 	"github.com/aws/jsii-runtime-go"
@@ -76,39 +77,28 @@ func definition(name string) metrics.Definition {
 }
 
 // metricAlarms watch what the functions' own errors cannot show: lines
-// that were not believed, instances that bill on after their Pod ended,
-// instances the events never reported, and the safety checks that kept
-// Reaper from acting: orphans held back by the cap, instances of another
-// cluster identity, terminations EC2 refused.
+// that were not believed, instances that bill on after their Pod ended for
+// a fault (terminateLatencyAlarm), instances the events never reported,
+// and the safety checks that kept Reaper from acting: orphans held back by
+// the cap, instances of another cluster identity, terminations EC2
+// refused.
 func (r *Reaper) metricAlarms() {
-	p := r.Props
 	// Any reason, from any function.
 	r.alarm("LinesRejected", "Reaper did not act on exit lines or records (any reason): see the dashboard's reasons and the functions' \"rejected\" and \"not believed\" log lines",
 		r.insightsSum(definition(metrics.LinesRejected)), 0)
 
-	// The worst terminating function's p99: percentiles of different
-	// functions do not add up. Only the reconciler terminates today.
-	worst := map[string]awscloudwatch.IMetric{}
-	for _, fn := range functions {
-		if fn.terminates {
-			worst[fn.name] = r.metric(metrics.FinishToTerminated, fn.name, "p99")
-		}
-	}
-	r.alarm("TerminateLatency", fmt.Sprintf("Reaper took over %s (p99) from a container's exit to terminating its instance: instances bill on after their Pod ended", p.TerminateLatencyAlarm),
-		awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
-			Expression:   jsii.String("MAX(METRICS())"),
-			UsingMetrics: &worst,
-			Label:        jsii.String(metrics.FinishToTerminated + " p99, worst function"),
-			Period:       seconds(alarmPeriod),
-		}), float64(p.TerminateLatencyAlarm.Milliseconds()))
+	r.terminateLatencyAlarm()
 
 	r.alarm("OrphansFound", "Reaper's sweep found managed instances without a live Pod that no event reported: a leak the event path missed",
 		r.metric(metrics.OrphansFound, metrics.FunctionSweeper, "Sum"), 0)
 
-	// Any is worth a page. Only the sweeper holds orphans back.
-	r.alarm("OrphansHeldBack", "Reaper's sweep found more orphans than OrphanCap (REAPER_ORPHAN_CAP) of the owned instances and left the rest running: "+
-		"check that Reaper reaches the right cluster (a wrong Kubernetes endpoint makes the whole fleet look orphaned) before raising the cap; see the sweeper's log",
-		r.metric(metrics.OrphansHeldBack, metrics.FunctionSweeper, "Sum"), 0)
+	// Any is worth a page, from whichever function held them back: the
+	// sweeper hands at most the cap to the reconciler, and a reconciler
+	// batch that gathers more orphans than the cap (several sweeps' worth,
+	// or a wrong cluster's whole fleet) holds the rest back too.
+	r.alarm("OrphansHeldBack", "Reaper found more orphans than OrphanCap (REAPER_ORPHAN_CAP) of the owned instances and left the rest running: "+
+		"check that Reaper reaches the right cluster (a wrong Kubernetes endpoint makes the whole fleet look orphaned) before raising the cap; see the sweeper's and the reconciler's logs",
+		r.insightsSum(definition(metrics.OrphansHeldBack)), 0)
 	// The sweeper and the reconciler both check the identity: any
 	// function's count.
 	r.alarm("ClusterIdentityMismatch", "Reaper found managed instances whose cluster identity tag differs from the cluster it reaches (or that carry none) "+
@@ -122,14 +112,112 @@ func (r *Reaper) metricAlarms() {
 		r.insightsSum(definition(metrics.TerminationsRefused)), 0)
 }
 
+// PacedLookback is how long after the reconciler last paced (deferred
+// work, or waited for EC2 tokens) its terminate latency is taken for load
+// (see terminateLatencyAlarm): the longest a paced instance can still wait
+// after the deferral that names it, SQS's longest delay
+// (workqueue.MaxDelay, 15 minutes; a longer wait is deferred again, which
+// counts anew), plus the batching window, a reconciler's run (its
+// timeout) and one alarm period, in whole periods.
+func (p Props) PacedLookback() time.Duration {
+	const maxDelay = 15 * time.Minute
+	d := maxDelay + p.ReconcilerBatchingWindow + ReconcilerTimeout + alarmPeriod
+	return (d + alarmPeriod - 1).Truncate(alarmPeriod)
+}
+
+// terminateLatencyAlarm alarms when instances bill on after their Pod
+// ended for a fault, not for a burst.
+//
+// FinishToTerminated grows with a burst by design: the reconcilers share
+// EC2's TerminateInstances bucket (EC2Share of its 1,000 instances,
+// refilled at 20 a second: 500, then 10 a second at the default share),
+// so the last of N exits waits about (N - 500) / 10 seconds, and a p99
+// over TerminateLatencyAlarm (2 minutes) follows from any burst of a
+// couple of thousand exits. A threshold scaled by the backlog does not
+// help: in the period a burst's last instances end, the queue is short
+// while their latency is the whole burst's.
+//
+// What pacing leaves behind is its own record: work put back for want of
+// tokens or time (WorkItemsDeferred), or a wait for tokens within a batch
+// (EC2PacingWait), by the reconciler. A paced instance's last deferral
+// comes at most SQS's longest delay before it returns, so every instance
+// whose latency pacing explains ends within PacedLookback of a period with
+// one. The alarm that notifies is a composite: the p99 over the threshold
+// (TerminateLatencyP99) while the reconciler has not paced for
+// PacedLookback (ReconcilerPaced OK). The two it combines notify nobody.
+// A fault during a burst (a slow apiserver, a throttled reconciler, a
+// refused terminate) still fires its own alarms, and this one once the
+// burst has drained and the fault persists.
+func (r *Reaper) terminateLatencyAlarm() {
+	p := r.Props
+	// The worst terminating function's p99: percentiles of different
+	// functions do not add up. Only the reconciler terminates today.
+	worst := map[string]awscloudwatch.IMetric{}
+	for _, fn := range functions {
+		if fn.terminates {
+			worst[fn.name] = r.metric(metrics.FinishToTerminated, fn.name, "p99")
+		}
+	}
+	latency := r.quietAlarm("TerminateLatencyP99", fmt.Sprintf("Reaper took over %s (p99) from a container's exit to terminating its instance; "+
+		"part of TerminateLatency, which alarms when the reconciler has not paced: notifies nobody", p.TerminateLatencyAlarm),
+		awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+			Expression:   jsii.String("MAX(METRICS())"),
+			UsingMetrics: &worst,
+			Label:        jsii.String(metrics.FinishToTerminated + " p99, worst function"),
+			Period:       seconds(alarmPeriod),
+		}), float64(p.TerminateLatencyAlarm.Milliseconds()), 1)
+	lookback := p.PacedLookback()
+	paced := r.quietAlarm("ReconcilerPaced", fmt.Sprintf("The reconciler deferred work or waited for EC2 tokens within the last %s: "+
+		"a burst is paced below EC2's limits, and TerminateLatency does not alarm; notifies nobody", lookback),
+		awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+			Expression: jsii.String("FILL(deferred, 0) + FILL(waited, 0)"),
+			UsingMetrics: &map[string]awscloudwatch.IMetric{
+				"deferred": r.metric(metrics.WorkItemsDeferred, metrics.FunctionReconciler, "Sum"),
+				"waited":   r.metric(metrics.EC2PacingWait, metrics.FunctionReconciler, "Maximum"),
+			},
+			Label:  jsii.String("work deferred + longest EC2 pacing wait (ms)"),
+			Period: seconds(alarmPeriod),
+		}), 0, int(lookback/alarmPeriod))
+	r.TerminateLatency = awscloudwatch.NewCompositeAlarm(r.Construct, jsii.String("TerminateLatency"), &awscloudwatch.CompositeAlarmProps{
+		AlarmDescription: jsii.String(fmt.Sprintf("Reaper took over %s (p99) from a container's exit to terminating its instance, "+
+			"and the reconciler has not paced for EC2's limits within %s: instances bill on after their Pod ended for a fault, not for a burst; "+
+			"see the dashboard's QueueAge, EC2PacingWait, WorkItemsDeferred and the reconciler's log", p.TerminateLatencyAlarm, lookback)),
+		AlarmRule: awscloudwatch.AlarmRule_AllOf(
+			awscloudwatch.AlarmRule_FromAlarm(latency, awscloudwatch.AlarmState_ALARM),
+			awscloudwatch.AlarmRule_Not(awscloudwatch.AlarmRule_FromAlarm(paced, awscloudwatch.AlarmState_ALARM)),
+		),
+	})
+	if r.AlarmTopic != nil {
+		action := awscloudwatchactions.NewSnsAction(r.AlarmTopic)
+		r.TerminateLatency.AddAlarmAction(action)
+		r.TerminateLatency.AddOkAction(action)
+	}
+}
+
+// quietAlarm fires when metric is above threshold in any of the last
+// periods, and notifies nobody: it is a part of a composite alarm.
+func (r *Reaper) quietAlarm(id, description string, metric awscloudwatch.IMetric, threshold float64, periods int) awscloudwatch.Alarm {
+	a := awscloudwatch.NewAlarm(r.Construct, jsii.String(id), &awscloudwatch.AlarmProps{
+		Metric:             metric,
+		AlarmDescription:   jsii.String(description),
+		Threshold:          jsii.Number(threshold),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(periods),
+		DatapointsToAlarm:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	r.Alarms = append(r.Alarms, a)
+	return a
+}
+
 // dashboard lays out the alarms, then rows of three graphs: the counts of
 // the contract, its latencies, the functions' Lambda metrics and the
 // queues.
 func (r *Reaper) dashboard() {
 	p := r.Props
-	alarms := make([]interfacesawscloudwatch.IAlarmRef, len(r.Alarms))
-	for i, a := range r.Alarms {
-		alarms[i] = a
+	alarms := []interfacesawscloudwatch.IAlarmRef{r.TerminateLatency}
+	for _, a := range r.Alarms {
+		alarms = append(alarms, a)
 	}
 	rows := [][]awscloudwatch.IWidget{{awscloudwatch.NewAlarmStatusWidget(&awscloudwatch.AlarmStatusWidgetProps{
 		Title: jsii.String("Alarms"), Alarms: &alarms, Width: jsii.Number(24),

@@ -176,10 +176,14 @@ type Reaper struct {
 	AlarmTopic awssns.ITopic
 	// Alarms are the functions' error and throttle alarms, the failure
 	// queue's, the dead-letter queue's and the work queue's age alarms, and
-	// the alarms on Reaper's own metrics (rejected lines, termination
-	// latency, orphans found and held back, cluster identity mismatches,
-	// refused terminations).
+	// the alarms on Reaper's own metrics (rejected lines, orphans found and
+	// held back, cluster identity mismatches, refused terminations); and,
+	// notifying nobody, the two that TerminateLatency combines.
 	Alarms []awscloudwatch.Alarm
+	// TerminateLatency alarms when instances bill on after their Pod ended
+	// longer than the reconciler's pacing explains: its p99 latency alarm
+	// while its pacing alarm is OK (metricAlarms says why).
+	TerminateLatency awscloudwatch.CompositeAlarm
 	// Dashboard shows Reaper's metrics, the functions' and the queues', and
 	// the alarms.
 	Dashboard awscloudwatch.Dashboard

@@ -480,9 +480,12 @@ func TestInvokePermissions(t *testing.T) {
 
 func TestAlarms(t *testing.T) {
 	tmpl, m := defaults(t)
-	if n := len(cdktest.Resources(m, "AWS::CloudWatch::Alarm")); n != 17 {
-		t.Fatalf("%d alarms, want 17 (errors and throttles per function, failure queue, dead letters, work queue age, rejected lines, terminate latency, "+
-			"orphans found, orphans held back, cluster identity mismatches, refused terminations)", n)
+	if n := len(cdktest.Resources(m, "AWS::CloudWatch::Alarm")); n != 18 {
+		t.Fatalf("%d metric alarms, want 18 (errors and throttles per function, failure queue, dead letters, work queue age, rejected lines, "+
+			"orphans found, orphans held back, cluster identity mismatches, refused terminations, and the terminate latency's p99 and pacing)", n)
+	}
+	if n := len(cdktest.Resources(m, "AWS::CloudWatch::CompositeAlarm")); n != 1 {
+		t.Fatalf("%d composite alarms, want 1 (terminate latency)", n)
 	}
 	for _, id := range functionIDs {
 		logical, _ := fn(t, m, id)
@@ -543,7 +546,9 @@ func TestAlarms(t *testing.T) {
 		"Threshold": 0,
 	}))
 	// The p99 of container finish to terminate of the one function that
-	// terminates.
+	// terminates, and the reconciler's pacing within the last 30 minutes,
+	// which notify nobody: TerminateLatency combines them (its behaviour:
+	// TestTerminateLatencyFiresOnFaultsNotLoad).
 	p99 := func(function string) map[string]any {
 		return map[string]any{"Id": function, "ReturnData": false, "MetricStat": map[string]any{
 			"Metric": map[string]any{
@@ -560,22 +565,53 @@ func TestAlarms(t *testing.T) {
 		},
 		"Threshold": 120000,
 	}))
-	// Any orphan the sweep finds, and any it holds back beyond its cap.
-	sum := func(metric, function string) map[string]any {
-		return map[string]any{
+	reconciler := func(id, metric, stat string) map[string]any {
+		return map[string]any{"Id": id, "ReturnData": false, "MetricStat": map[string]any{
 			"Metric": map[string]any{
 				"Namespace": "Reaper/demo", "MetricName": metric,
-				"Dimensions": []any{map[string]any{"Name": "Function", "Value": function}},
+				"Dimensions": []any{map[string]any{"Name": "Function", "Value": "reconciler"}},
+			},
+			"Stat": stat, "Period": 300,
+		}}
+	}
+	paced := once(map[string]any{
+		"Metrics": []any{
+			map[string]any{"Expression": "FILL(deferred, 0) + FILL(waited, 0)", "ReturnData": true},
+			reconciler("deferred", "WorkItemsDeferred", "Sum"),
+			reconciler("waited", "EC2PacingWait", "Maximum"),
+		},
+		"Threshold": 0, "DatapointsToAlarm": 1,
+	})
+	paced["EvaluationPeriods"] = 6
+	has(t, tmpl, "AWS::CloudWatch::Alarm", paced)
+	_, composite := cdktest.Only(t, m, "AWS::CloudWatch::CompositeAlarm")
+	if rule := compact(cdktest.Props(composite)["AlarmRule"]); !strings.Contains(rule, `"(ALARM(\"",{"Fn::GetAtt":["ReaperTerminateLatencyP99`) ||
+		!strings.Contains(rule, `"\") AND (NOT (ALARM(\"",{"Fn::GetAtt":["ReaperReconcilerPaced`) {
+		t.Errorf("TerminateLatency's rule %s, want the p99 alarm and not the pacing alarm", rule)
+	}
+	if a := cdktest.Props(composite)["AlarmActions"]; a != nil {
+		t.Errorf("TerminateLatency notifies %v without an alarm topic", a)
+	}
+	// Any orphan the sweep finds; any held back beyond the cap, by the
+	// sweep or a reconciler batch.
+	has(t, tmpl, "AWS::CloudWatch::Alarm", once(map[string]any{
+		"Metrics": []any{map[string]any{"ReturnData": true, "MetricStat": map[string]any{
+			"Metric": map[string]any{
+				"Namespace": "Reaper/demo", "MetricName": "OrphansFound",
+				"Dimensions": []any{map[string]any{"Name": "Function", "Value": "sweeper"}},
 			},
 			"Stat": "Sum", "Period": 300,
-		}
-	}
-	for _, metric := range []string{"OrphansFound", "OrphansHeldBack"} {
-		has(t, tmpl, "AWS::CloudWatch::Alarm", once(map[string]any{
-			"Metrics":   []any{map[string]any{"ReturnData": true, "MetricStat": sum(metric, "sweeper")}},
-			"Threshold": 0,
-		}))
-	}
+		}}},
+		"Threshold": 0,
+	}))
+	has(t, tmpl, "AWS::CloudWatch::Alarm", once(map[string]any{
+		"Metrics": []any{map[string]any{
+			"Expression": `SELECT SUM(OrphansHeldBack) FROM SCHEMA("Reaper/demo", Function)`,
+			"Label":      "OrphansHeldBack",
+			"Period":     300, "ReturnData": true,
+		}},
+		"Threshold": 0,
+	}))
 	// Any instance of another cluster identity, whichever function (the
 	// sweeper, the reconciler) found it.
 	has(t, tmpl, "AWS::CloudWatch::Alarm", once(map[string]any{
@@ -746,8 +782,10 @@ func TestDashboard(t *testing.T) {
 	}
 
 	var alarms []string
-	for id := range cdktest.Resources(m, "AWS::CloudWatch::Alarm") {
-		alarms = append(alarms, "<"+id+".Arn>")
+	for _, typ := range []string{"AWS::CloudWatch::Alarm", "AWS::CloudWatch::CompositeAlarm"} {
+		for id := range cdktest.Resources(m, typ) {
+			alarms = append(alarms, "<"+id+".Arn>")
+		}
 	}
 	sort.Strings(alarms)
 	shown := strs(body["widgets"].([]any)[0].(map[string]any)["properties"].(map[string]any)["alarms"])
@@ -1147,9 +1185,18 @@ func TestOptions(t *testing.T) {
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{
 			"Protocol": "email", "Endpoint": "oncall@example.com", "TopicArn": "arn:aws:sns:eu-west-1:123456789012:ops",
 		})
-		tmpl.AllResourcesProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+		// Every alarm but the two parts of TerminateLatency notifies.
+		notifies := map[string]any{
 			"AlarmActions": []any{"arn:aws:sns:eu-west-1:123456789012:ops"},
 			"OKActions":    []any{"arn:aws:sns:eu-west-1:123456789012:ops"},
+		}
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::CloudWatch::Alarm"), notifies, jsii.Number(16))
+		tmpl.ResourcePropertiesCountIs(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{"AlarmActions": assertions.Match_Absent(), "OKActions": assertions.Match_Absent()}, jsii.Number(2))
+		tmpl.AllResourcesProperties(jsii.String("AWS::CloudWatch::CompositeAlarm"), notifies)
+		// A batching window of 20 s keeps the pacing lookback at 30 minutes.
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"Metrics":           assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{"Expression": "FILL(deferred, 0) + FILL(waited, 0)"})}),
+			"EvaluationPeriods": 6,
 		})
 		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"ScheduleExpression": "rate(5 minutes)"})
 		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"EventPattern": assertions.Match_ObjectLike(&map[string]any{
