@@ -243,6 +243,20 @@ func TestPodShapes(t *testing.T) {
 		r.want(corev1.PodSucceeded, map[string]string{"fetch": "exit:0", "unpack": "exit:0", "main": "exit:0"})
 		r.terminated()
 	})
+	t.Run("restart of a Pending Pod", func(t *testing.T) {
+		t.Parallel()
+		// The host restarts the container of a Pod the provider still
+		// shows Pending: Reaper writes the run and keeps the phase (the
+		// policy admits nothing else), settles, and nothing circles:
+		// no 403, no deferral, no dead letter (the Cleanup above).
+		r := newShapeRun(t, d, cluster, 11, "pending-restart", PodShape{Containers: []string{"main"}, Policy: onFailure}, false)
+		r.exit(exitline.Line{Container: "main", ExitCode: 1, WillRestart: true, BackoffSeconds: 10})
+		r.want(corev1.PodPending, map[string]string{"main": "waiting:" + podstatus.ReasonCrashLoopBackOff})
+		r.running()
+		r.exit(exitline.Line{Container: "main", RestartCount: 1})
+		r.want(corev1.PodSucceeded, map[string]string{"main": "exit:0"})
+		r.terminated()
+	})
 	t.Run("native sidecar stopped", func(t *testing.T) {
 		t.Parallel()
 		r := newShapeRun(t, d, cluster, 5, "sidecar-stopped", PodShape{Init: []string{"sidecar-proxy"}, Containers: []string{"main"}, Policy: never, Grace: 5}, true)

@@ -69,7 +69,7 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 		case workqueue.KindExit:
 			if reason := trust(claimOf(it), e.ec2, rec); reason != "" {
 				if reason == model.ReasonInstanceUnknown && it.Checks+1 < unknownChecks {
-					b.checkAgain(it.Message)
+					b.checkAgain(e, it.Message)
 					continue
 				}
 				if err := b.rejectClaim(ctx, e, *it.Pod, reason); err != nil {
@@ -310,7 +310,9 @@ func (b *batchRun) confirmedState(ctx context.Context, e *entry, items []workque
 			claimed.State = e.ec2.State
 		}
 		return claimed
-	case e.asked && rec != nil && !rec.Unverified && rec.Gone == nil:
+	case e.asked && rec != nil && !rec.Unverified && rec.Gone == nil && rec.Pod.UID != "":
+		// (A record that knows no Pod, only a queued claim's mark, says
+		// nothing of an instance EC2 does not know.)
 		sc := &ledger.StateChange{State: model.StateTerminated, At: b.Now()}
 		if claimed != nil && claimed.Gone() && !claimed.At.After(sc.At) {
 			sc.At = claimed.At
@@ -355,10 +357,18 @@ const stateChecks = workqueue.MaxChecks
 // minute. A made-up instance id is then refused, logged and counted.
 const unknownChecks = 3
 
-// checkAgain sends m again, DeferDelay later, checked once more.
-func (b *batchRun) checkAgain(m workqueue.Message) {
+// checkAgain sends m, a message of e, again, DeferDelay later, checked
+// once more.
+func (b *batchRun) checkAgain(e *entry, m workqueue.Message) {
 	m.Checks++
-	b.count(func(*BatchSummary) { b.rechecks = append(b.rechecks, m) })
+	b.sendAgain(e, m)
+}
+
+// sendAgain sends m, a message of e, again, DeferDelay later, once the
+// batch settles (sendRechecks). Until then m is e's: if the send fails, e
+// fails, and SQS brings m back as it came.
+func (b *batchRun) sendAgain(e *entry, m workqueue.Message) {
+	b.count(func(*BatchSummary) { b.rechecks = append(b.rechecks, recheck{e, m}) })
 }
 
 // recheck has the entry's state messages that claim it gone while EC2
@@ -370,7 +380,7 @@ func (b *batchRun) recheck(ctx context.Context, e *entry, items []workqueue.Item
 			continue
 		}
 		if it.Checks+1 < stateChecks {
-			b.checkAgain(it.Message)
+			b.checkAgain(e, it.Message)
 			continue
 		}
 		b.Metrics.By(metrics.Reason(model.ReasonNotConfirmed)).Count(metrics.StateChangesRefused, 1)

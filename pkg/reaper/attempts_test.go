@@ -80,6 +80,88 @@ func TestWorkThatNeverFinishesIsDeadLettered(t *testing.T) {
 	}
 }
 
+// A terminate EC2 refuses on every attempt (another tool holds the
+// account's bucket empty) goes to the dead-letter queue, the operator's
+// signal, but the record whose instance must end stays pending: once the
+// bucket is free, a later sweep queues it again and the instance is named
+// in exactly one TerminateInstances that EC2 takes.
+func TestDeadLetteredTerminateIsEndedBySweep(t *testing.T) {
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
+	w.Pods[podOf(1)] = true
+	w.NoTokens = true
+	core, l, q := newBatchCore(w)
+	dead := &fakes.Queue{}
+	core.DeadLetters = dead
+	now := testNow()
+	core.Now = func() time.Time { return now }
+	ev := batch(t, exitMsg(1, 0))
+	for round := range workqueue.MaxAttempts {
+		resp, err := core.HandleQueueEvent(t.Context(), ev)
+		if err != nil || len(resp.BatchItemFailures) != 0 {
+			t.Fatalf("round %d: failures %v, %v", round, failures(resp), err)
+		}
+		if round < workqueue.MaxAttempts-1 {
+			ev = redeliver(t, q)
+			now = now.Add(time.Minute)
+		}
+	}
+	if len(q.Sent) != 0 || len(dead.Sent) != 1 {
+		t.Fatalf("sent %+v, dead letters %+v: want the work dead-lettered on its last attempt", q.Sent, dead.Sent)
+	}
+	if r := l.Recs[instanceOf(1)]; r.Pending == "" || !r.Terminated.IsZero() || r.PodSynced == "" {
+		t.Fatalf("record %+v: want the Pod written, the terminate not made and the record still pending", r)
+	}
+	if slices.ContainsFunc(w.Log, func(s string) bool { return strings.HasPrefix(s, "terminate") }) {
+		t.Fatalf("steps %q: no terminate was taken", w.Log)
+	}
+
+	w.NoTokens = false
+	now = now.Add(requeueAfter)
+	if _, err := core.Sweep(t.Context(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if len(q.Sent) != 1 || len(q.Sent[0].Msgs) != 1 || q.Sent[0].Msgs[0].Kind != workqueue.KindSweep {
+		t.Fatalf("sweep sent %+v, want the record queued again", q.Sent)
+	}
+	if resp, err := core.HandleQueueEvent(t.Context(), redeliver(t, q)); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	terminates := slices.DeleteFunc(slices.Clone(w.Log), func(s string) bool { return !strings.HasPrefix(s, "terminate") })
+	if want := fmt.Sprint("terminate ", []string{instanceOf(1)}); len(terminates) != 1 || terminates[0] != want {
+		t.Fatalf("terminates %q, want one: %s", terminates, want)
+	}
+	if r := l.Recs[instanceOf(1)]; r.Pending != "" || r.Terminated.IsZero() {
+		t.Fatalf("record %+v: want it settled with its instance terminated", r)
+	}
+	if _, err := core.Sweep(t.Context(), time.Hour); err != nil || len(q.Sent) != 0 {
+		t.Fatalf("a sweep after: sent %+v, %v; want nothing more", q.Sent, err)
+	}
+}
+
+// One count bounds deferrals and receives alike: work deferred six times
+// whose message then failed once (SQS's second receive of it) is on its
+// last attempt, and goes to the dead-letter queue with its instance
+// terminated, instead of circling until SQS's own redrive, which carries
+// no reason.
+func TestReceivesCountAsAttempts(t *testing.T) {
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
+	w.Pods[podOf(1)] = true
+	w.NoTokens = true
+	core, _, q := newBatchCore(w)
+	dead := &fakes.Queue{}
+	core.DeadLetters = dead
+	m := exitMsg(1, 0)
+	m.Attempt = workqueue.MaxAttempts - 2
+	ev := batch(t, m)
+	ev.Records[0].Attributes = map[string]string{"ApproximateReceiveCount": "2"}
+	if resp, err := core.HandleQueueEvent(t.Context(), ev); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("failures %v, %v", failures(resp), err)
+	}
+	if len(q.Sent) != 0 || len(dead.Sent) != 1 {
+		t.Fatalf("sent %+v, dead letters %+v: want the work dead-lettered on its last attempt", q.Sent, dead.Sent)
+	}
+}
+
 // slowMarks is a ledger whose marks take delay each.
 type slowMarks struct {
 	*fakes.Ledger

@@ -1,11 +1,12 @@
 package reaper
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 
@@ -111,8 +112,10 @@ func (r *Reaper) HandleQueueEvent(ctx context.Context, ev events.SQSEvent) (even
 type entry struct {
 	id    string
 	items []workqueue.Item
-	// attempt is the highest attempt among its messages (workqueue.Message.Attempt).
+	// attempt is the most attempts among its messages (workqueue.Item.Attempts).
 	attempt int
+	// since is when its oldest message was first queued.
+	since time.Time
 
 	// The read phase.
 	stored *ledger.Record      // its ledger record (nil: none)
@@ -135,15 +138,35 @@ type entry struct {
 	termErr    error
 	markErr    error
 
+	// backIn is when its deferred work comes back (settle's deferrals).
+	backIn time.Duration
+	// heldBack: its messages go back on the queue unchecked, as they came
+	// (unknownLast); nothing else is done with it in this batch.
+	heldBack bool
+
 	// The batch's verdict: both nil is done; deferred is why the work
 	// goes back on the queue (for want of time or tokens); failed comes
 	// back as a batch item failure.
 	deferred, failed error
 }
 
-// stopped says whether the entry's work in this batch has stopped: failed
-// or deferred.
-func (e *entry) stopped() bool { return e.deferred != nil || e.failed != nil }
+// olderFirst orders entries as every phase that may stop early takes them:
+// the work tried most often first, then the longest queued, so that no
+// work waits while newer work goes first, and an instance id decides
+// nothing but ties.
+func olderFirst(x, y *entry) int {
+	return cmp.Or(cmp.Compare(y.attempt, x.attempt), x.since.Compare(y.since), cmp.Compare(x.id, y.id))
+}
+
+// recheck is a message of entry e to send again for a later check.
+type recheck struct {
+	e *entry
+	m workqueue.Message
+}
+
+// stopped says whether the entry's work in this batch has stopped: failed,
+// deferred, or held back for a later check.
+func (e *entry) stopped() bool { return e.deferred != nil || e.failed != nil || e.heldBack }
 
 // conclude sorts the error of the entry's work: none, for later, or a
 // failure. A failure wins over a deferral.
@@ -169,9 +192,10 @@ type batchRun struct {
 	p       phases
 	entries []*entry
 	sum     *BatchSummary
-	// rechecks are state messages EC2 did not confirm yet, to send again
-	// (recheck).
-	rechecks []workqueue.Message
+	// rechecks are the messages to send again for a later check: state
+	// changes and exit claims EC2 did not confirm yet, and claims held
+	// back unchecked (unknownLast).
+	rechecks []recheck
 	mu       sync.Mutex // guards sum and rechecks during the parallel phases
 }
 
@@ -200,13 +224,17 @@ type batchRun struct {
 // rest comes back.
 func (r *Reaper) ReconcileBatch(ctx context.Context, byInstance map[string][]workqueue.Item, sum *BatchSummary) map[string]error {
 	b := &batchRun{Reaper: r, p: phasesOf(ctx), sum: sum}
-	for _, id := range slices.Sorted(maps.Keys(byInstance)) {
-		e := &entry{id: id, items: byInstance[id]}
+	for id, items := range byInstance {
+		e := &entry{id: id, items: items}
 		for _, it := range e.items {
-			e.attempt = max(e.attempt, it.Attempt)
+			e.attempt = max(e.attempt, it.Attempts())
+			if q := it.FirstQueued(); e.since.IsZero() || q.Before(e.since) {
+				e.since = q
+			}
 		}
 		b.entries = append(b.entries, e)
 	}
+	slices.SortFunc(b.entries, olderFirst)
 	workCtx, cancel := until(ctx, b.p.work)
 	defer cancel()
 	b.read(workCtx)

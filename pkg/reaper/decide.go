@@ -43,6 +43,10 @@ type Policy struct {
 	// owned instances running (0: no cap). The rest stay running, counted
 	// (metrics.OrphansHeldBack), until a later sweep.
 	OrphanCap float64
+	// Reconcilers is how many reconciler batches may run at once (the
+	// event source mapping's concurrency): each ends at most its part of
+	// the orphan cap (0 counts as 1).
+	Reconcilers int
 }
 
 // End says whether and when an instance is terminated.
@@ -97,7 +101,19 @@ type Plan struct {
 
 // Idle says the plan leaves nothing to do, now or later: its record is
 // settled and leaves the pending index.
-func (p Plan) Idle() bool { return p.Pod == nil && !p.End.Now && p.WaitUntil.IsZero() }
+func (p Plan) Idle() bool { return p.Settled(false, p.End, false) }
+
+// Settled is the one rule of a settled record (it leaves the pending
+// index): once the plan's steps came to this, nothing is left to do or to
+// wait for. podDone: the Pod was written, or no write was planned, or the
+// write was given up (its work went to the dead-letter queue, which tells
+// the operator); terminated: the instance was terminated (or found gone)
+// if end, the End acted on, ended it now. A terminate is never given up:
+// a record whose instance must still end stays pending, for the sweep to
+// queue again, whatever the dead-letter queue holds.
+func (p Plan) Settled(podDone bool, end End, terminated bool) bool {
+	return (p.Pod == nil || podDone) && p.WaitUntil.IsZero() && (!end.Now || terminated)
+}
 
 // RefusalBackoff is how long after EC2 refused to terminate an instance
 // (termination protection, a policy) Reaper asks again: an operator's
@@ -221,7 +237,9 @@ func viewPod(rec ledger.Record, pod *corev1.Pod, now time.Time, p Policy) podVie
 		v.endedAt = rec.PodEndedAt // decided when it was first written ended
 	}
 	if !v.ended && rec.Gone != nil {
-		windowEnd := rec.GoneSince().Add(p.ExitWait)
+		// An exit claim deferred on the queue keeps the window open until
+		// it comes back.
+		windowEnd := laterOf(rec.GoneSince().Add(p.ExitWait), rec.ExitQueuedUntil)
 		if now.Before(windowEnd) {
 			v.waitUntil, v.waitWhy = laterOf(v.waitUntil, windowEnd), "exit-wait window open"
 		} else {

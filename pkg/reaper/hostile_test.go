@@ -580,7 +580,9 @@ func TestUnknownInstanceCheckedAgain(t *testing.T) {
 // A flood of made-up instance ids costs few calls: EC2's tokens go first
 // to the instances the ledger knows; ids EC2 answered lately it does not
 // know are not described again on a new claim; and a batch describes at
-// most maxRechecks of the claims checked again, deferring the rest.
+// most maxRechecks of the claims checked again, and sends the rest back
+// unchecked, neither a check nor an attempt counted: they never reach the
+// dead-letter queue as a shortage of tokens.
 func TestUnknownInstancesAreCheap(t *testing.T) {
 	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
 	w.Pods[podOf(1)] = true
@@ -633,7 +635,7 @@ func TestUnknownInstancesAreCheap(t *testing.T) {
 	for _, s := range q.Sent {
 		if s.Delay >= DeferDelay {
 			for _, m := range s.Msgs {
-				if m.Checks == 1 {
+				if m.Checks == 1 && m.Attempt == 0 {
 					deferred++
 				}
 			}
@@ -682,41 +684,47 @@ func TestExitTokenDecides(t *testing.T) {
 	}
 }
 
-// Orphan messages that gather on the queue (several sweeps', or a
-// redrive) end no more at once than one sweep may: a batch terminates at
-// most the cap's part of the running instances the sweep counted (but the
-// floor at least), the oldest first, and defers the rest, counted.
+// A reconciler batch ends at most its part of the orphan cap (the floor of
+// 5 shared by the two reconcilers that may run at once: 3), the oldest
+// first; the orphans held back are counted and their messages dropped, not
+// deferred: the next sweep finds them again, and they never reach the
+// dead-letter queue.
 func TestReconcilerCapsOrphans(t *testing.T) {
 	const running, orphans = 30, 12
-	w := fakes.NewWorld()
-	var msgs []workqueue.Message
-	for n := 1; n <= orphans; n++ {
-		inst := owned(instanceOf(n), podOf(n)) // their Pods are gone
-		inst.LaunchTime = testNow().Add(-time.Hour - time.Duration(n)*time.Minute)
-		w.Instances[inst.ID] = inst
-		msgs = append(msgs, workqueue.Orphan(inst.ID, running))
-	}
-	core, _, q := newBatchCore(w)
-	core.Policy.OrphanCap = 0.1 // of 30: 3, so the floor of 5
-	resp, err := core.HandleQueueEvent(t.Context(), batch(t, msgs...))
-	if err != nil || len(resp.BatchItemFailures) != 0 {
-		t.Fatalf("failures %v, %v", failures(resp), err)
-	}
-	var want []string
-	for n := orphans; n > orphans-orphanFloor; n-- {
-		want = append(want, instanceOf(n))
-	}
-	slices.Sort(want)
-	if got := w.Log; len(got) != 1 || got[0] != fmt.Sprint("terminate ", want) {
-		t.Fatalf("steps %q, want the %d oldest terminated in one call %v", got, orphanFloor, want)
-	}
-	deferred := 0
-	for _, s := range q.Sent {
-		if s.Delay >= DeferDelay {
-			deferred += len(s.Msgs)
-		}
-	}
-	if deferred != orphans-orphanFloor {
-		t.Fatalf("%d orphans deferred, want %d", deferred, orphans-orphanFloor)
+	for _, reconcilers := range []int{1, 2} {
+		t.Run(fmt.Sprint(reconcilers, " reconcilers"), func(t *testing.T) {
+			w := fakes.NewWorld()
+			var msgs []workqueue.Message
+			for n := 1; n <= orphans; n++ {
+				inst := owned(instanceOf(n), podOf(n)) // their Pods are gone
+				inst.LaunchTime = testNow().Add(-time.Hour - time.Duration(n)*time.Minute)
+				w.Instances[inst.ID] = inst
+				msgs = append(msgs, workqueue.Orphan(inst.ID, running))
+			}
+			core, _, q := newBatchCore(w)
+			core.Policy.OrphanCap = 0.1 // of 30: 3, so the floor of 5
+			core.Policy.Reconcilers = reconcilers
+			var emf bytes.Buffer
+			core.Metrics = metrics.New(slog.New(slog.NewJSONHandler(&emf, nil)), "Reaper", metrics.FunctionReconciler)
+			limit := (orphanFloor + reconcilers - 1) / reconcilers
+			resp, err := core.HandleQueueEvent(t.Context(), batch(t, msgs...))
+			if err != nil || len(resp.BatchItemFailures) != 0 {
+				t.Fatalf("failures %v, %v", failures(resp), err)
+			}
+			var want []string
+			for n := orphans; n > orphans-limit; n-- {
+				want = append(want, instanceOf(n))
+			}
+			slices.Sort(want)
+			if got := w.Log; len(got) != 1 || got[0] != fmt.Sprint("terminate ", want) {
+				t.Fatalf("steps %q, want the %d oldest terminated in one call %v", got, limit, want)
+			}
+			if len(q.Sent) != 0 {
+				t.Fatalf("sent %+v, want the orphans held back dropped for the next sweep", q.Sent)
+			}
+			if want := fmt.Sprintf(`"OrphansHeldBack":%d`, orphans-limit); !strings.Contains(emf.String(), want) {
+				t.Fatalf("metrics %s, want %s", emf.String(), want)
+			}
+		})
 	}
 }

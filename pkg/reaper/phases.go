@@ -117,23 +117,26 @@ func deferrable(err error) bool {
 	return errors.Is(err, errNoTime) || errors.Is(err, instances.ErrNoTokens) || errors.Is(err, context.DeadlineExceeded)
 }
 
-// DeferDelay is the least time work the reconciler's share of EC2's
-// buckets could not cover waits on the queue before it is tried again.
+// DeferDelay is the least time work EC2 refused waits on the queue before
+// it is tried again, and the time between the checks of a claim EC2 did
+// not confirm yet.
 const DeferDelay = 30 * time.Second
 
 // maxRetryDelay caps the delay of deferred work.
 const maxRetryDelay = 5 * time.Minute
 
-// retryDelay is how long deferred work waits before it comes back, on its
-// attempt (1: the first deferral). Work that ran out of time comes back at
-// once the first time (a new batch has all its time), then after 2 s,
-// 4 s, 8 s, …; work that ran out of EC2 tokens after DeferDelay, 60 s,
-// 120 s, …; each capped at maxRetryDelay and stretched by up to a quarter
-// at random, so that work deferred together does not come back together.
-// No work comes back at once twice.
-func retryDelay(attempt int, tokens bool) time.Duration {
+// retryDelay is how long work deferred for a failure waits before it comes
+// back, on its attempt (1: the first deferral). Work that ran out of time
+// comes back at once the first time (a new batch has all its time), then
+// after 2 s, 4 s, 8 s, …; work EC2 refused (refused) after DeferDelay,
+// 60 s, 120 s, …; each capped at maxRetryDelay and stretched by up to a
+// quarter at random, so that work deferred together does not come back
+// together. No work comes back at once twice. Work the batch's share of a
+// bucket did not cover is not a failure: it comes back when the share has
+// refilled for it (pacedDelay).
+func retryDelay(attempt int, refused bool) time.Duration {
 	base := time.Second
-	if tokens {
+	if refused {
 		base = DeferDelay
 	} else if attempt <= 1 {
 		return 0

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
@@ -71,16 +70,20 @@ func (b *batchRun) read(ctx context.Context) {
 const maxRechecks = 200
 
 // unknownLast orders the lookups so that EC2's tokens go first to the
-// instances the ledger knows, then to new ones, then to the claims EC2
+// instances the ledger knows (a Pod of), then to new ones, then to the claims EC2
 // did not know when last asked; those EC2 answered unknown lately
 // (unknownIDs) are taken as unknown without a call, and the rechecks
-// beyond maxRechecks are deferred. Both are counted.
+// beyond maxRechecks are held back: their messages go back on the queue
+// as they came, DeferDelay later, neither checked nor counted as an
+// attempt, since they are neither a shortage of tokens nor a failure (a
+// flood of made-up ids drains at maxRechecks a batch, and never reaches
+// the dead-letter queue). Both are counted.
 func (b *batchRun) unknownLast(lookup []*entry) []*entry {
 	var known, fresh, rechecks []*entry
 	now := b.Now()
 	for _, e := range lookup {
 		switch {
-		case e.stored != nil:
+		case e.stored != nil && e.stored.Pod.UID != "":
 			known = append(known, e)
 		case e.rechecked():
 			rechecks = append(rechecks, e)
@@ -93,7 +96,10 @@ func (b *batchRun) unknownLast(lookup []*entry) []*entry {
 	}
 	if len(rechecks) > maxRechecks {
 		for _, e := range rechecks[maxRechecks:] {
-			e.conclude(errRechecksHeldBack)
+			e.heldBack = true
+			for _, it := range e.items {
+				b.sendAgain(e, it.Message)
+			}
 		}
 		b.sum.RechecksHeldBack = len(rechecks) - maxRechecks
 		rechecks = rechecks[:maxRechecks]
@@ -101,11 +107,6 @@ func (b *batchRun) unknownLast(lookup []*entry) []*entry {
 	b.Metrics.Count(metrics.UnknownInstancesRemembered, b.sum.UnknownRemembered)
 	return slices.Concat(known, fresh, rechecks)
 }
-
-// errRechecksHeldBack defers the rechecks a batch does not describe
-// (maxRechecks); they come back after DeferDelay, as work short of EC2
-// tokens does.
-var errRechecksHeldBack = fmt.Errorf("more claims of instances EC2 did not know than a batch checks: %w", instances.ErrNoTokens)
 
 // rechecked says whether one of the entry's messages is a check made again.
 func (e *entry) rechecked() bool {

@@ -20,6 +20,7 @@ type Ledger interface {
 	RecordState(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string, sc ledger.StateChange) (ledger.Record, error)
 	Adopt(ctx context.Context, instanceID string, pod model.PodRef, exitTokenHash string) (ledger.Record, error)
 	MarkDone(ctx context.Context, instanceID string, d ledger.Done) error
+	ExitQueued(ctx context.Context, instanceID string, until time.Time) error
 	Pending(ctx context.Context, fn func(ledger.Record) error) error
 	GetMany(ctx context.Context, ids []string) ledger.Fetched
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -34,6 +35,7 @@ func (b *batchRun) settle(ctx context.Context) {
 		}
 		e.conclude(errors.Join(podErr, e.termErr))
 	}
+	b.deferrals()
 	marksCtx, cancel := afterWork(ctx, b.p.marks)
 	b.mark(marksCtx)
 	cancel()
@@ -77,7 +79,7 @@ func (b *batchRun) mark(ctx context.Context) {
 	g.SetLimit(ledgerWorkers)
 	for _, e := range b.entries {
 		d, write := e.done(b.Now())
-		if !write {
+		if write == noWrite {
 			continue
 		}
 		if ctx.Err() != nil {
@@ -85,6 +87,14 @@ func (b *batchRun) mark(ctx context.Context) {
 			continue
 		}
 		g.Go(func() error {
+			if write == exitQueued {
+				// Not a failure if it cannot be written: the claim still
+				// comes back, only the window may close first.
+				if err := b.Ledger.ExitQueued(ctx, e.id, b.Now().Add(e.backIn+exitQueuedSlack)); err != nil {
+					b.Log.LogAttrs(ctx, slog.LevelWarn, "queued exit not recorded", slog.String("instance", e.id), slog.String("error", err.Error()))
+				}
+				return nil
+			}
 			if e.refusal != "" {
 				b.terminationRefused(ctx, e.id, d.Pod, e.refusal)
 			}
@@ -101,14 +111,19 @@ func (b *batchRun) mark(ctx context.Context) {
 // terminated (or EC2's refusal), and whether the record is settled (it
 // then leaves the pending index): its Pod step done, nothing left to wait
 // for, its instance ended if the plan ended it. It reads the plan and the
-// steps' results; it decides nothing again. Work that goes to the
-// dead-letter queue settles its record too: the sweep does not queue it
-// again, and a redrive of the dead letter retries it. A record that
+// steps' results (Plan.Settled); it decides nothing again. Work that goes
+// to the dead-letter queue gives up its Pod write (a redrive of the dead
+// letter retries it), never its terminate: a record whose instance was to
+// end and did not stays pending, and the sweep queues it again. A record that
 // settles ended by Reaper's own steps forgets its instance's states
 // (Done.ForgetStates), as one so settled never records them.
-func (e *entry) done(now time.Time) (ledger.Done, bool) {
+func (e *entry) done(now time.Time) (ledger.Done, markKind) {
 	if e.view == nil {
-		return e.orphanDone()
+		if e.deferred != nil && !e.deadLetter() && e.uncheckedExit() {
+			return ledger.Done{}, exitQueued
+		}
+		d, ok := e.orphanDone()
+		return d, markIf(ok)
 	}
 	d := ledger.Done{Version: e.view.Version}
 	if e.plan.Pod != nil && e.podErr == nil {
@@ -121,12 +136,37 @@ func (e *entry) done(now time.Time) (ledger.Done, bool) {
 			d.Terminated = true
 		}
 	}
-	podDone := e.plan.Pod == nil || e.podErr == nil
-	d.Settled = (podDone && e.plan.WaitUntil.IsZero() && (!e.plan.End.Now || d.Terminated)) || e.deadLetter()
+	d.Settled = e.plan.Settled(e.podErr == nil || e.deadLetter(), e.end, d.Terminated)
 	after := ledger.WithDone(*e.view, e.id, d, now)
 	d.ForgetStates = d.Settled && endedByReaper(after) && (e.view.LastState != "" || e.view.Gone != nil)
 	write := d.PodSynced != "" || d.Terminated || d.Refused != "" || d.Settled == (e.view.Pending != "") || d.ForgetStates
-	return d, write
+	return d, markIf(write)
+}
+
+// markKind is what the ledger must learn of an entry after its steps.
+type markKind int
+
+const (
+	noWrite    markKind = iota
+	markDone            // ledger.Done, through MarkDone
+	exitQueued          // its exit claim waits on the queue (Ledger.ExitQueued)
+)
+
+func markIf(ok bool) markKind {
+	if ok {
+		return markDone
+	}
+	return noWrite
+}
+
+// exitQueuedSlack is how long past its return a deferred exit claim keeps
+// its instance's exit-wait window open: time for its batch to record it.
+const exitQueuedSlack = 2 * time.Minute
+
+// uncheckedExit says whether the entry carries an exit claim the batch did
+// not get to check and record.
+func (e *entry) uncheckedExit() bool {
+	return slices.ContainsFunc(e.items, func(it workqueue.Item) bool { return it.Kind == workqueue.KindExit })
 }
 
 // orphanDone is what the ledger must learn of an orphan the batch
@@ -152,35 +192,79 @@ func (e *entry) orphanDone() (ledger.Done, bool) {
 	return d, true
 }
 
+// deferrals sets, for each entry whose work is deferred (not on its last
+// attempt), the delay after which it comes back (entry.backIn): when the
+// share it waits for has refilled (pacedDelay), or after retryDelay's
+// backoff for anything else. A backoff's jitter is drawn once per batch,
+// cause and attempt, so that the work deferred together comes back
+// together.
+func (b *batchRun) deferrals() {
+	type backoff struct {
+		attempt int
+		refused bool
+	}
+	backoffs := map[backoff]time.Duration{}
+	for _, e := range b.entries {
+		if e.deferred == nil || e.deadLetter() {
+			continue
+		}
+		delay, paced := pacedDelay(b.Now(), e.deferred)
+		if !paced {
+			k := backoff{e.attempt + 1, waitsForEC2(e.deferred)}
+			if _, ok := backoffs[k]; !ok {
+				backoffs[k] = retryDelay(k.attempt, k.refused)
+			}
+			delay = backoffs[k]
+		}
+		e.backIn = delay
+	}
+}
+
 // sendDeferred puts the messages of the deferred entries back on the
 // queue, as they came (an exit claim not yet checked is still to be
-// checked) with their attempt counted, after retryDelay: entries deferred
-// together in one batch come back together. Those the queue does not take
-// fail, and SQS brings them back after the visibility timeout.
+// checked) with their attempt counted, after their delay (entry.backIn):
+// entries deferred together for one cause come back together. Those the
+// queue does not take fail, and SQS brings them back after the visibility
+// timeout.
 func (b *batchRun) sendDeferred(ctx context.Context) {
 	type key struct {
 		attempt int
-		tokens  bool
+		delay   time.Duration
 	}
 	groups := map[key][]*entry{}
 	for _, e := range b.entries {
 		if e.deferred != nil && !e.deadLetter() {
-			k := key{e.attempt + 1, waitsForEC2(e.deferred)}
+			k := key{e.attempt + 1, e.backIn}
 			groups[k] = append(groups[k], e)
 		}
 	}
 	for k, es := range groups {
-		sent := b.send(ctx, b.Queue, retryDelay(k.attempt, k.tokens), es, (*entry).carried, func(m *workqueue.Message, e *entry) { m.Attempt = k.attempt })
+		sent := b.send(ctx, b.Queue, k.delay, es, (*entry).carried, func(m *workqueue.Message, e *entry) { m.Attempt = k.attempt })
 		b.sum.Deferred += sent
 		b.Metrics.Count(metrics.WorkItemsDeferred, sent)
 	}
 }
 
+// pacedDelay is, for work deferred for err because the batch spent its
+// share of a bucket (instances.ShareSpent), the delay that brings it back
+// when the share will have refilled for it, on the WakeGrid step after:
+// pacing is not failure, and waiting longer would leave tokens unused
+// while instances bill. paced is false for any other cause, which backs
+// off (retryDelay).
+func pacedDelay(now time.Time, err error) (delay time.Duration, paced bool) {
+	var spent *instances.ShareSpent
+	if !errors.As(err, &spent) {
+		return 0, false
+	}
+	return wakeDelay(now, spent.Ready), true
+}
+
 // waitsForEC2 says whether work deferred for err waits for EC2 to take
-// calls again (retryDelay's longer delays): its share of the tokens ran
-// short, or EC2 refused, or the deadline came while the SDK waited to
+// calls again (retryDelay's longer delays): EC2 refused a call
+// (RequestLimitExceeded), or the deadline came while the SDK waited to
 // retry a call EC2 refused or failed (aws.RequestCanceledError). Asking
-// again at once would meet the same refusal.
+// again at once would meet the same refusal. Work the share did not cover
+// is paced instead (pacedDelay).
 func waitsForEC2(err error) bool {
 	var canceled *aws.RequestCanceledError
 	return errors.Is(err, instances.ErrNoTokens) || errors.As(err, &canceled)
@@ -264,7 +348,9 @@ func (e *entry) carried() []workqueue.Message {
 	if e.view == nil {
 		return e.received()
 	}
-	msgs := []workqueue.Message{workqueue.Sweep(e.id)}
+	sweep := workqueue.Sweep(e.id)
+	sweep.QueuedAt = e.since
+	msgs := []workqueue.Message{sweep}
 	for _, it := range e.items {
 		if it.Kind == workqueue.KindOrphan {
 			msgs = append(msgs, it.Message)
@@ -327,16 +413,32 @@ func wakeDelay(now, at time.Time) time.Duration {
 	return min(max((due.Sub(now)+time.Second-1).Truncate(time.Second), 0), workqueue.MaxDelay)
 }
 
-// sendRechecks sends again, DeferDelay later, the state changes EC2 did
-// not confirm yet (recheck).
+// sendRechecks sends again, DeferDelay later, the messages to check again
+// (batchRun.rechecks). Each is as durable as the message it came from: the
+// entry of one the queue did not take fails, so that SQS brings back its
+// messages as they came instead of losing a claim.
 func (b *batchRun) sendRechecks(ctx context.Context) {
 	if len(b.rechecks) == 0 {
 		return
 	}
-	if unsent, err := b.Queue.Send(ctx, DeferDelay, b.rechecks...); err != nil {
-		// The sweep records what EC2 lists as gone: nothing is lost.
-		b.Log.LogAttrs(ctx, slog.LevelWarn, "state changes not sent for a check", slog.Int("messages", len(unsent)), slog.String("error", err.Error()))
+	msgs := make([]workqueue.Message, len(b.rechecks))
+	for i, r := range b.rechecks {
+		msgs[i] = r.m
 	}
+	unsent, err := b.Queue.Send(ctx, DeferDelay, msgs...)
+	if err == nil {
+		return
+	}
+	notSent := map[string]bool{}
+	for _, m := range unsent {
+		notSent[m.InstanceID] = true
+	}
+	for _, r := range b.rechecks {
+		if notSent[r.e.id] && r.e.failed == nil {
+			r.e.failed, r.e.deferred = fmt.Errorf("send a check again: %w", err), nil
+		}
+	}
+	b.Log.LogAttrs(ctx, slog.LevelError, "checks not sent again", slog.Int("messages", len(unsent)), slog.String("error", err.Error()))
 }
 
 // logEntry logs what became of a reconciled entry, and counts its steps.

@@ -404,11 +404,18 @@ func (r *Reaper) orphans(ctx context.Context, managed map[string]instances.Insta
 // orphans among two instances would otherwise take two sweeps).
 const orphanFloor = 5
 
-// orphanLimit is the most orphans one sweep, or one reconciler batch, may
-// end among running owned instances: Policy.OrphanCap of them, but
+// orphanLimit is the most orphans one sweep, or all reconciler batches at
+// once, may end among running owned instances: Policy.OrphanCap of them, but
 // orphanFloor at least.
 func (p Policy) orphanLimit(running int) int {
 	return max(int(math.Ceil(p.OrphanCap*float64(running))), orphanFloor)
+}
+
+// batchOrphanLimit is the most orphans one reconciler batch may end:
+// orphanLimit shared among the Reconcilers that may run at once, so that
+// together they end no more than a sweep may.
+func (p Policy) batchOrphanLimit(running int) int {
+	return (p.orphanLimit(running) + max(p.Reconcilers, 1) - 1) / max(p.Reconcilers, 1)
 }
 
 // capOrphans keeps at most Policy.OrphanCap of the running owned instances

@@ -37,15 +37,14 @@ func (b *batchRun) decide() {
 	b.capOrphans(running)
 }
 
-// errOrphansHeldBack defers the orphans beyond a batch's cap; they come
-// back after DeferDelay.
-var errOrphansHeldBack = fmt.Errorf("more orphans than the orphan cap lets a batch end: %w", instances.ErrNoTokens)
-
-// capOrphans keeps at most Policy.orphanLimit of the running owned
-// instances the sweep counted (the orphan messages' Running) as this
-// batch's orphan candidates, the oldest first, and defers the rest, counted:
-// orphan messages that gather on the queue (several sweeps', a redrive)
-// end no more at once than one sweep may.
+// capOrphans keeps as this batch's orphan candidates at most its part of
+// Policy.orphanLimit of the running owned instances the sweep counted (the
+// orphan messages' Running), the oldest first: Policy.Reconcilers batches
+// may run at once, so together they end no more than one sweep may, even
+// when orphan messages gather on the queue (several sweeps', a redrive).
+// The rest are held back, counted, and their messages dropped: the next
+// sweep finds them again if they are still orphans, so they neither circle
+// on the queue nor reach the dead-letter queue.
 func (b *batchRun) capOrphans(running int) {
 	if b.Policy.OrphanCap <= 0 {
 		return
@@ -56,7 +55,7 @@ func (b *batchRun) capOrphans(running int) {
 			candidates = append(candidates, e)
 		}
 	}
-	limit := b.Policy.orphanLimit(running)
+	limit := b.Policy.batchOrphanLimit(running)
 	if len(candidates) <= limit {
 		return
 	}
@@ -65,7 +64,6 @@ func (b *batchRun) capOrphans(running int) {
 	})
 	for _, e := range candidates[limit:] {
 		e.orphan = false
-		e.conclude(errOrphansHeldBack)
 	}
 	b.sum.OrphansHeldBack = len(candidates) - limit
 	b.Metrics.Count(metrics.OrphansHeldBack, b.sum.OrphansHeldBack)

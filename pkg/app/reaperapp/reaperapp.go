@@ -42,7 +42,7 @@ type Clients struct {
 // Policy is the decision policy a configuration sets.
 func Policy(cfg config.Config) reaper.Policy {
 	return reaper.Policy{ExitWait: cfg.ExitWait, TerminateStopped: cfg.TerminateStopped, OrphanCap: cfg.OrphanCap,
-		PowerOffGrace: cfg.PowerOffGrace, PodWrittenTag: cfg.Tags.PodWritten}
+		PowerOffGrace: cfg.PowerOffGrace, PodWrittenTag: cfg.Tags.PodWritten, Reconcilers: cfg.ReconcilerConcurrency}
 }
 
 // New wires the Reaper of the setup's function.
