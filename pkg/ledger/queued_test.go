@@ -29,6 +29,12 @@ func TestExitQueued(t *testing.T) {
 			t.Fatalf("after ExitQueued(%v): %+v, want the later time %v and nothing else", until, got, want.ExitQueuedUntil)
 		}
 	}
+	if err := (ReadOnly{Table: table}).ExitQueued(ctx, "i-0000000000000e002", at); err != nil {
+		t.Fatal(err)
+	}
+	if rec, ok, err := table.Get(ctx, "i-0000000000000e002"); ok || err != nil {
+		t.Fatalf("a dry run wrote %+v (%v)", rec, err)
+	}
 	pod := model.PodRef{Namespace: "jobs", Name: "job-1", UID: "uid-1"}
 	if _, err := table.RecordExit(ctx, id, pod, "", model.Exit{Container: "main", ExitCode: 3, FinishedAt: at}); err != nil {
 		t.Fatal(err)

@@ -171,3 +171,6 @@ func (t ReadOnly) Adopt(ctx context.Context, instanceID string, pod model.PodRef
 
 // MarkDone does nothing: a dry run marks no step done.
 func (ReadOnly) MarkDone(context.Context, string, Done) error { return nil }
+
+// ExitQueued does nothing: a dry run marks no claim queued.
+func (ReadOnly) ExitQueued(context.Context, string, time.Time) error { return nil }

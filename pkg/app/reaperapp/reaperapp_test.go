@@ -39,7 +39,7 @@ func TestNewDryRun(t *testing.T) {
 		if roLedger != dry || roPods != dry || roFleet != dry || table == dry || writer == dry || fleet == dry {
 			t.Errorf("dry run %v: ledger %T, pods %T, fleet %T", dry, r.Ledger, r.Pods, r.Fleet)
 		}
-		if r.Queue == nil || r.Policy != (reaper.Policy{ExitWait: 5 * time.Minute, TerminateStopped: true}) {
+		if r.Queue == nil || r.Policy != (reaper.Policy{ExitWait: 5 * time.Minute, TerminateStopped: true, Reconcilers: 2}) {
 			t.Errorf("queue %T, policy %+v", r.Queue, r.Policy)
 		}
 	}
