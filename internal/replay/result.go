@@ -104,7 +104,8 @@ type BurstResult struct {
 	Kube, KubeErrors map[string]int
 	// Dynamo counts the functions' DynamoDB requests by operation.
 	Dynamo map[string]int
-	// SQS counts the work queue's requests by action.
+	// SQS counts the work queue's requests by action, those a deployment
+	// makes (not the lab's GetQueueAttributes polls).
 	SQS map[string]int
 	// StateEvents is how many state-change events were delivered.
 	StateEvents int
@@ -285,7 +286,9 @@ func (b *Burst) collect(ctx context.Context, res *BurstResult, byInstance map[st
 	res.SQS = map[string]int{}
 	sqsCalls := stack.SQS.Calls()
 	for _, c := range sqsCalls[min(sqsBefore, len(sqsCalls)):] {
-		if c.Queue == queue {
+		// Only what a deployment makes: the functions never read the
+		// queue's attributes, the lab's mapping and drain polls do.
+		if c.Queue == queue && c.Action != "GetQueueAttributes" {
 			res.SQS[c.Action]++
 		}
 	}
