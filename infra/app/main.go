@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,13 +53,19 @@ func defaultStackName(cluster string) string {
 }
 
 // newStack adds the Reaper stack to app, configured from its context.
+//
+// The CLI bundles only the stacks it may deploy (cdk deploy, synth, diff),
+// and none for cdk destroy or cdk list: then the stack needs no function
+// code, and the functions get placeholder bootstraps, so that removing
+// Reaper works from a checkout that was never built.
 func newStack(app awscdk.App) (awscdk.Stack, *reapercdk.Reaper, error) {
 	props, err := propsFromContext(app.Node())
-	if err == nil {
-		err = props.Validate()
-	}
 	if err != nil {
 		return nil, nil, err
+	}
+	if props.EKSCluster == "" && props.KubeconfigSecretArn == "" {
+		return nil, nil, errors.New("no Kubernetes access: cdk deploy and cdk destroy both take the deployment's knobs, " +
+			"-c eksCluster=<cluster>, or -c kubeconfigSecretArn=<secret ARN> -c clusterName=<cluster> (and -c stackName=<name> if the deploy set it)")
 	}
 	name := defaultStackName(props.Cluster())
 	if v, ok := contextValue(app.Node(), "stackName"); ok {
@@ -67,6 +74,16 @@ func newStack(app awscdk.App) (awscdk.Stack, *reapercdk.Reaper, error) {
 	stack := awscdk.NewStack(app, jsii.String(name), &awscdk.StackProps{
 		Description: jsii.String("Reaper: terminal Pod status and instance cleanup for one-Pod-per-instance Kubernetes providers"),
 	})
+	if !*stack.BundlingRequired() {
+		dir, err := placeholderBuild(*app.Outdir())
+		if err != nil {
+			return nil, nil, err
+		}
+		props.BuildDir = dir
+	}
+	if err := props.Validate(); err != nil {
+		return nil, nil, err
+	}
 	r := reapercdk.New(stack, "Reaper", &props)
 
 	output := func(id, description string, value *string) {
@@ -90,6 +107,22 @@ func newStack(app awscdk.App) (awscdk.Stack, *reapercdk.Reaper, error) {
 		output(fn.id, "Function role to map to the Kubernetes group of deploy/rbac.yaml", fn.role)
 	}
 	return stack, r, nil
+}
+
+// placeholderBuild writes a build directory of placeholder bootstraps
+// under dir, for a stack the CLI will not deploy in this run.
+func placeholderBuild(dir string) (string, error) {
+	build := filepath.Join(dir, "reaper-no-build")
+	for _, name := range reapercdk.FunctionNames() {
+		if err := os.MkdirAll(filepath.Join(build, name), 0o755); err != nil {
+			return "", err
+		}
+		script := "#!/bin/sh\necho 'reaper: a placeholder for " + name + ", synthesized for cdk destroy or cdk list: run make build and cdk deploy' >&2\nexit 1\n"
+		if err := os.WriteFile(filepath.Join(build, name, "bootstrap"), []byte(script), 0o755); err != nil {
+			return "", err
+		}
+	}
+	return build, nil
 }
 
 // knob is one context key and how it sets the props.

@@ -247,7 +247,7 @@ func TestBadKnobs(t *testing.T) {
 		}
 	}
 	cdktest.Must(t, func() { _, _, err = newStack(appWith(t, map[string]any{})) })
-	if err == nil || !strings.Contains(err.Error(), "no Kubernetes access") {
+	if err == nil || !strings.Contains(err.Error(), "no Kubernetes access: cdk deploy and cdk destroy both take the deployment's knobs") {
 		t.Errorf("without access: %v", err)
 	}
 	cdktest.Must(t, func() {
@@ -387,6 +387,63 @@ func TestCDKSynth(t *testing.T) {
 	askIAM(t, tmpl, iamsim.TestEnv("Reaper-demo"), iamsim.DefaultFleet("demo"), "", "/reaper/demo/exits")
 	if _, err := os.Stat(filepath.Join(out, "manifest.json")); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestDestroyNeedsNoBuild synthesizes the app as cdk destroy and cdk list
+// do, with no bundling (the CLI's aws:cdk:bundling-stacks empty): the
+// stack the knobs name, without the function bundles, which only a deploy
+// needs (and still refuses to go without).
+func TestDestroyNeedsNoBuild(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "never-built")
+	for name, tc := range map[string]struct {
+		bundling []any
+		ok       bool
+	}{
+		"destroy": {[]any{}, true},
+		"deploy":  {[]any{"**"}, false},
+	} {
+		var (
+			stack awscdk.Stack
+			err   error
+		)
+		cdktest.Must(t, func() {
+			stack, _, err = newStack(cdktest.NewApp(t, map[string]any{"eksCluster": "demo", "buildDir": missing, "aws:cdk:bundling-stacks": tc.bundling}))
+		})
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%s: %v", name, err)
+		case tc.ok && *stack.StackName() != "Reaper-demo":
+			t.Errorf("%s: stack %s, want Reaper-demo", name, *stack.StackName())
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), "bootstrap is missing: run `make build` first")):
+			t.Errorf("%s without a build: %v, want the bundles missing", name, err)
+		}
+	}
+}
+
+// TestCDKDestroy runs the operate page's cdk destroy with the real CDK CLI
+// from a checkout that was never built, offline and without credentials:
+// the app synthesizes, and the CLI goes on to destroy the stack the knobs
+// name, which it can do no further than asking for the account.
+func TestCDKDestroy(t *testing.T) {
+	cdk := os.Getenv("REAPER_CDK")
+	if cdk == "" {
+		t.Fatal(`REAPER_CDK is not set: run eval "$(hack/setup.sh)" first (it installs the CDK CLI)`)
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cdk, "destroy", "--force", "--output", t.TempDir(),
+		"-c", "eksCluster=demo", "-c", "buildDir="+filepath.Join(t.TempDir(), "never-built"))
+	cmd.Dir = root
+	cmd.Env = offlineEnv()
+	out, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(out), "Reaper-demo: destroying") || !strings.Contains(string(out), "Unable to resolve AWS account") ||
+		strings.Contains(string(out), "reaper:") {
+		t.Errorf("cdk destroy -c eksCluster=demo did not get past the app to destroying Reaper-demo:\n%s", out)
 	}
 }
 
