@@ -310,24 +310,24 @@ func (l *Lab) seedQueue(ctx context.Context, event []byte, keepTime bool, w *Wor
 			j = len(subjects) - 1
 		}
 		s := subjects[j]
-		switch it.Kind {
-		case workqueue.KindExit:
-			key := it.Pod.Namespace + "/" + it.Pod.Name
+		switch c := it.Body.(type) {
+		case workqueue.ExitClaim:
+			key := c.Pod.Namespace + "/" + c.Pod.Name
 			if !slices.Contains(s.claims, key) {
 				s.claims = append(s.claims, key)
 			}
 			if _, ok := claimed[key]; !ok {
-				claimed[key] = *it.Pod
+				claimed[key] = c.Pod
 			}
-			if !slices.Contains(claimUIDs[key], it.Pod.UID) {
-				claimUIDs[key] = append(claimUIDs[key], it.Pod.UID)
+			if !slices.Contains(claimUIDs[key], c.Pod.UID) {
+				claimUIDs[key] = append(claimUIDs[key], c.Pod.UID)
 			}
-			restarts[key] = restarts[key] || it.Exit.WillRestart
-		case workqueue.KindState:
-			if model.StateRank(it.State) > model.StateRank(s.state) {
-				s.state = it.State
+			restarts[key] = restarts[key] || c.Exit.WillRestart
+		case workqueue.StateChange:
+			if model.StateRank(c.State) > model.StateRank(s.state) {
+				s.state = c.State
 			}
-		case workqueue.KindOrphan:
+		case workqueue.OrphanCheck:
 			s.orphan = true
 		}
 	}

@@ -50,8 +50,8 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 		b.Log.LogAttrs(ctx, slog.LevelDebug, "work skipped", slog.String("instance", e.id),
 			slog.Bool("managed", e.ec2.Managed), slog.String("cluster", e.ec2.Cluster))
 		for _, it := range e.items {
-			if it.Kind == workqueue.KindExit {
-				if err := b.rejectClaim(ctx, e, *it.Pod, trust(claimOf(it), e.ec2, nil)); err != nil {
+			if c, ok := it.Body.(workqueue.ExitClaim); ok {
+				if err := b.rejectClaim(ctx, e, c.Pod, trust(claimOf(c), e.ec2, nil)); err != nil {
 					return err
 				}
 			}
@@ -65,51 +65,51 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 		return err
 	}
 	for _, it := range items {
-		switch it.Kind {
-		case workqueue.KindExit:
-			if reason := trust(claimOf(it), e.ec2, rec); reason != "" {
+		switch c := it.Body.(type) {
+		case workqueue.ExitClaim:
+			if reason := trust(claimOf(c), e.ec2, rec); reason != "" {
 				if reason == model.ReasonInstanceUnknown && it.Checks+1 < unknownChecks {
 					b.checkAgain(e, it.Message)
 					continue
 				}
-				if err := b.rejectClaim(ctx, e, *it.Pod, reason); err != nil {
+				if err := b.rejectClaim(ctx, e, c.Pod, reason); err != nil {
 					return err
 				}
 				continue
 			}
-			if it.TokenHash != "" && e.ec2 != nil && e.ec2.ExitTokenHash == "" {
-				b.unexpectedToken(ctx, e, *it.Pod)
+			if c.TokenHash != "" && e.ec2 != nil && e.ec2.ExitTokenHash == "" {
+				b.unexpectedToken(ctx, e, c.Pod)
 			}
-			if reason := b.containerCheck(e, rec, *it.Exit); reason != "" {
-				if err := b.rejectClaim(ctx, e, *it.Pod, reason); err != nil {
+			if reason := b.containerCheck(e, rec, c.Exit); reason != "" {
+				if err := b.rejectClaim(ctx, e, c.Pod, reason); err != nil {
 					return err
 				}
 				continue
 			}
-			if rec != nil && ledger.FinalExit(*rec, *it.Pod, it.Exit.Container) {
+			if rec != nil && ledger.FinalExit(*rec, c.Pod, c.Exit.Container) {
 				// Nothing replaces it (the ledger refuses the write too):
 				// the same line again is a redelivery, anything else is
 				// counted.
-				if final, _ := rec.ExitOf(it.Exit.Container); !sameExit(final, *it.Exit) {
+				if final, _ := rec.ExitOf(c.Exit.Container); !sameExit(final, c.Exit) {
 					b.Metrics.By(metrics.Reason(model.ReasonAfterTerminal)).Count(metrics.LinesRejected, 1)
 					b.Log.LogAttrs(ctx, slog.LevelWarn, "exit after a terminal exit", slog.String("instance", e.id),
-						slog.String("pod", it.Pod.String()), slog.Int("restartCount", int(it.Exit.RestartCount)))
+						slog.String("pod", c.Pod.String()), slog.Int("restartCount", int(c.Exit.RestartCount)))
 				}
 				reconcile = true
 				continue
 			}
-			next, err := b.Ledger.RecordExit(ctx, e.id, *it.Pod, e.tokenTag(), *it.Exit)
+			next, err := b.Ledger.RecordExit(ctx, e.id, c.Pod, e.tokenTag(), c.Exit)
 			if err != nil {
 				return fmt.Errorf("record exit of %s: %w", e.id, err)
 			}
 			rec, reconcile = &next, true
-			b.Metrics.Observe(metrics.FinishToRecorded, b.Now().Sub(it.Exit.FinishedAt))
-		case workqueue.KindSweep, workqueue.KindStillRunning:
+			b.Metrics.Observe(metrics.FinishToRecorded, b.Now().Sub(c.Exit.FinishedAt))
+		case workqueue.SweepRequest, workqueue.StillRunningCheck:
 			reconcile = reconcile || rec != nil
 		}
 	}
 	if !reconcile {
-		if rec == nil && e.ec2 == nil && slices.ContainsFunc(items, func(it workqueue.Item) bool { return it.Kind == workqueue.KindState }) {
+		if rec == nil && e.ec2 == nil && slices.ContainsFunc(items, isState) {
 			b.count(func(s *BatchSummary) { s.Skipped++ })
 		}
 		return nil
@@ -256,24 +256,24 @@ func (b *batchRun) notInFuture(ctx context.Context, id string, items []workqueue
 	limit := b.Now().Add(exitline.MaxClockSkew)
 	return slices.DeleteFunc(slices.Clone(items), func(it workqueue.Item) bool {
 		var at time.Time
-		switch it.Kind {
-		case workqueue.KindState:
-			at = it.At
-		case workqueue.KindExit:
-			at = it.Exit.FinishedAt
+		switch c := it.Body.(type) {
+		case workqueue.StateChange:
+			at = c.At
+		case workqueue.ExitClaim:
+			at = c.Exit.FinishedAt
 		default:
 			return false
 		}
 		if !at.After(limit) {
 			return false
 		}
-		if it.Kind == workqueue.KindExit {
+		if _, exit := it.Body.(workqueue.ExitClaim); exit {
 			b.Metrics.By(metrics.Reason(model.ReasonFinishedInFuture)).Count(metrics.LinesRejected, 1)
 		} else {
 			b.Metrics.By(metrics.Reason(model.ReasonInFuture)).Count(metrics.StateChangesRefused, 1)
 		}
 		b.Log.LogAttrs(ctx, slog.LevelWarn, "work item in the future", slog.String("instance", id),
-			slog.String("kind", string(it.Kind)), slog.Time("at", at), slog.Duration("maxSkew", exitline.MaxClockSkew))
+			slog.String("kind", string(it.Body.Kind())), slog.Time("at", at), slog.Duration("maxSkew", exitline.MaxClockSkew))
 		return true
 	})
 }
@@ -331,10 +331,11 @@ func (b *batchRun) confirmedState(ctx context.Context, e *entry, items []workque
 func newestState(items []workqueue.Item) *ledger.StateChange {
 	var newest *ledger.StateChange
 	for _, it := range items {
-		if it.Kind != workqueue.KindState {
+		c, ok := it.Body.(workqueue.StateChange)
+		if !ok {
 			continue
 		}
-		sc := ledger.StateChange{State: it.State, At: it.At}
+		sc := ledger.StateChange{State: c.State, At: c.At}
 		if newest == nil || sc.At.After(newest.At) || (sc.At.Equal(newest.At) && sc.Rank() >= newest.Rank()) {
 			newest = &sc
 		}
@@ -376,7 +377,8 @@ func (b *batchRun) sendAgain(e *entry, m workqueue.Message) {
 // more, and refuses those checked stateChecks times already.
 func (b *batchRun) recheck(ctx context.Context, e *entry, items []workqueue.Item) {
 	for _, it := range items {
-		if it.Kind != workqueue.KindState || !model.IsGone(it.State) {
+		c, ok := it.Body.(workqueue.StateChange)
+		if !ok || !model.IsGone(c.State) {
 			continue
 		}
 		if it.Checks+1 < stateChecks {
@@ -385,7 +387,7 @@ func (b *batchRun) recheck(ctx context.Context, e *entry, items []workqueue.Item
 		}
 		b.Metrics.By(metrics.Reason(model.ReasonNotConfirmed)).Count(metrics.StateChangesRefused, 1)
 		b.Log.LogAttrs(ctx, slog.LevelWarn, "state change not confirmed", slog.String("instance", e.id),
-			slog.String("claimed", it.State), slog.Time("at", it.At), slog.String("described", e.ec2.State), slog.Int("checks", it.Checks+1))
+			slog.String("claimed", c.State), slog.Time("at", c.At), slog.String("described", e.ec2.State), slog.Int("checks", it.Checks+1))
 	}
 }
 

@@ -150,6 +150,17 @@ type entry struct {
 	deferred, failed error
 }
 
+// isExit and isState say whether an item is an exit claim, a state change.
+func isExit(it workqueue.Item) bool {
+	_, ok := it.Body.(workqueue.ExitClaim)
+	return ok
+}
+
+func isState(it workqueue.Item) bool {
+	_, ok := it.Body.(workqueue.StateChange)
+	return ok
+}
+
 // olderFirst orders entries as every phase that may stop early takes them:
 // the work tried most often first, then the longest queued, so that no
 // work waits while newer work goes first, and an instance id decides

@@ -159,6 +159,10 @@ func (u *unknownIDs) add(ids []string, now time.Time) {
 func (e *entry) needsLookup() bool {
 	settled := e.stored != nil && !e.stored.Unverified && !e.stored.Terminated.IsZero()
 	return !settled || slices.ContainsFunc(e.items, func(it workqueue.Item) bool {
-		return it.Kind != workqueue.KindState && it.Kind != workqueue.KindSweep
+		switch it.Body.(type) {
+		case workqueue.StateChange, workqueue.SweepRequest:
+			return false
+		}
+		return true
 	})
 }

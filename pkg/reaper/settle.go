@@ -166,7 +166,7 @@ const exitQueuedSlack = 2 * time.Minute
 // uncheckedExit says whether the entry carries an exit claim the batch did
 // not get to check and record.
 func (e *entry) uncheckedExit() bool {
-	return slices.ContainsFunc(e.items, func(it workqueue.Item) bool { return it.Kind == workqueue.KindExit })
+	return slices.ContainsFunc(e.items, isExit)
 }
 
 // orphanDone is what the ledger must learn of an orphan the batch
@@ -352,7 +352,7 @@ func (e *entry) carried() []workqueue.Message {
 	sweep.QueuedAt = e.since
 	msgs := []workqueue.Message{sweep}
 	for _, it := range e.items {
-		if it.Kind == workqueue.KindOrphan {
+		if _, ok := it.Body.(workqueue.OrphanCheck); ok {
 			msgs = append(msgs, it.Message)
 		}
 	}

@@ -56,7 +56,7 @@ func trust(c claim, ec2 *instances.Instance, rec *ledger.Record) string {
 }
 
 // claimOf is an exit message's claim.
-func claimOf(it workqueue.Item) claim { return claim{pod: *it.Pod, tokenHash: it.TokenHash} }
+func claimOf(c workqueue.ExitClaim) claim { return claim{pod: c.Pod, tokenHash: c.TokenHash} }
 
 // believe returns what Reaper may act on in rec, given the instance as EC2
 // describes it (nil: EC2 no longer knows it). A nil view acts on nothing,

@@ -28,9 +28,9 @@ func (b *batchRun) decide() {
 			e.plan = Decide(*e.view, e.ec2, e.livePod(), now, b.Policy)
 		}
 		for _, it := range e.items {
-			if it.Kind == workqueue.KindOrphan {
+			if c, ok := it.Body.(workqueue.OrphanCheck); ok {
 				e.orphan = e.ec2 != nil && mayBeOrphan(*e.ec2, e.stored, now)
-				running = max(running, it.Running)
+				running = max(running, c.Running)
 			}
 		}
 	}
@@ -190,7 +190,7 @@ func (e *entry) podToRead() (model.PodRef, bool) {
 	if ref.UID == "" {
 		return model.PodRef{}, false
 	}
-	if slices.ContainsFunc(e.items, func(it workqueue.Item) bool { return it.Kind == workqueue.KindExit }) {
+	if slices.ContainsFunc(e.items, isExit) {
 		return ref, true
 	}
 	rec := e.stored

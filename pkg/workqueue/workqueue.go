@@ -119,9 +119,57 @@ func Orphan(id string, running int) Message {
 // after Reaper's terminate of it.
 func StillRunning(id string) Message { return Message{Kind: KindStillRunning, InstanceID: id} }
 
+// Body is what a received message says, one type per Kind (ExitClaim,
+// StateChange, SweepRequest, OrphanCheck, StillRunningCheck), checked by
+// that kind's parser when the message is parsed (Parse): the reconciler
+// works on these and never on the optional fields of a Message.
+type Body interface {
+	Kind() Kind
+}
+
+// ExitClaim is an exit message's body: a host's claim that a container of
+// Pod ended as Exit, with the hash of the exit token its line carried
+// ("" none). Nothing in it is believed before it is checked against the
+// instance's launch tags.
+type ExitClaim struct {
+	Pod       model.PodRef
+	Exit      model.Exit
+	TokenHash string
+}
+
+// StateChange is a state message's body: EventBridge reported the
+// instance in State at At; EC2 confirms it before it is recorded.
+type StateChange struct {
+	State string
+	At    time.Time
+}
+
+// SweepRequest is a sweep message's body: look at the instance's record.
+type SweepRequest struct{}
+
+// OrphanCheck is an orphan message's body: the sweep found the instance
+// running with no live Pod among Running owned instances running.
+type OrphanCheck struct {
+	Running int
+}
+
+// StillRunningCheck is a still-running message's body: the sweep found the
+// instance running after Reaper's terminate of it.
+type StillRunningCheck struct{}
+
+func (ExitClaim) Kind() Kind         { return KindExit }
+func (StateChange) Kind() Kind       { return KindState }
+func (SweepRequest) Kind() Kind      { return KindSweep }
+func (OrphanCheck) Kind() Kind       { return KindOrphan }
+func (StillRunningCheck) Kind() Kind { return KindStillRunning }
+
 // Item is a received message with what SQS says of it.
 type Item struct {
+	// Message is the message as it came: what the reconciler sends on
+	// when it sends the work back as it came.
 	Message
+	// Body is what it says, parsed and checked for its kind.
+	Body Body
 	// MessageID names the SQS message, for batch item failures.
 	MessageID string
 	// SentAt is SQS's SentTimestamp; ReceiveCount its ApproximateReceiveCount.
@@ -154,49 +202,72 @@ func Parse(rec events.SQSMessage) (Item, error) {
 	if err := json.Unmarshal([]byte(rec.Body), &it.Message); err != nil {
 		return it, fmt.Errorf("message %s: %w", rec.MessageId, err)
 	}
-	if err := it.Message.validate(); err != nil {
+	body, err := it.Message.validate()
+	if err != nil {
 		return it, fmt.Errorf("message %s: %w", rec.MessageId, err)
 	}
+	it.Body = body
 	return it, nil
 }
 
-// validate checks a message as the exitrecorder checks a line: whoever
-// may send to the queue could have written it.
-func (m Message) validate() error {
+// validate checks a message's envelope, then parses its body with its
+// kind's parser, as the exitrecorder checks a line: whoever may send to
+// the queue could have written it.
+func (m Message) validate() (Body, error) {
 	switch {
 	case m.V != Version:
-		return fmt.Errorf("version %d, want %d", m.V, Version)
+		return nil, fmt.Errorf("version %d, want %d", m.V, Version)
 	case !model.ValidInstanceID(m.InstanceID):
-		return fmt.Errorf("instanceId %.40q is not an EC2 instance id", m.InstanceID)
+		return nil, fmt.Errorf("instanceId %.40q is not an EC2 instance id", m.InstanceID)
 	case m.Attempt < 0 || m.Attempt > MaxAttempts:
-		return fmt.Errorf("attempt %d, want 0 to %d", m.Attempt, MaxAttempts)
-	case m.Running < 0:
-		return fmt.Errorf("running %d, want 0 or more", m.Running)
+		return nil, fmt.Errorf("attempt %d, want 0 to %d", m.Attempt, MaxAttempts)
 	case m.Checks < 0 || m.Checks > MaxChecks:
-		return fmt.Errorf("checks %d, want 0 to %d", m.Checks, MaxChecks)
+		return nil, fmt.Errorf("checks %d, want 0 to %d", m.Checks, MaxChecks)
+	}
+	parse, ok := parsers[m.Kind]
+	if !ok {
+		return nil, fmt.Errorf("unknown kind %q", m.Kind)
+	}
+	return parse(m)
+}
+
+// parsers are the body parsers, one per kind.
+var parsers = map[Kind]func(Message) (Body, error){
+	KindExit:         parseExit,
+	KindState:        parseState,
+	KindSweep:        func(Message) (Body, error) { return SweepRequest{}, nil },
+	KindOrphan:       parseOrphan,
+	KindStillRunning: func(Message) (Body, error) { return StillRunningCheck{}, nil },
+}
+
+func parseExit(m Message) (Body, error) {
+	switch {
+	case m.Pod == nil || m.Exit == nil:
+		return nil, errors.New("exit message without pod or exit")
 	case m.TokenHash != "" && !model.ValidExitTokenHash(m.TokenHash):
-		return fmt.Errorf("tokenHash %.80q is not a SHA-256 in lower-case hex", m.TokenHash)
+		return nil, fmt.Errorf("tokenHash %.80q is not a SHA-256 in lower-case hex", m.TokenHash)
 	}
-	switch m.Kind {
-	case KindExit:
-		if m.Pod == nil || m.Exit == nil {
-			return errors.New("exit message without pod or exit")
-		}
-		if err := exitline.ValidateClaim(*m.Pod, *m.Exit); err != nil {
-			return fmt.Errorf("exit claim: %w", err)
-		}
-	case KindState:
-		if m.State == "" || m.At.IsZero() {
-			return errors.New("state message without state or time")
-		}
-		if !model.KnownState(m.State) {
-			return fmt.Errorf("state %.40q is not an EC2 instance state", m.State)
-		}
-	case KindSweep, KindOrphan, KindStillRunning:
-	default:
-		return fmt.Errorf("unknown kind %q", m.Kind)
+	if err := exitline.ValidateClaim(*m.Pod, *m.Exit); err != nil {
+		return nil, fmt.Errorf("exit claim: %w", err)
 	}
-	return nil
+	return ExitClaim{Pod: *m.Pod, Exit: *m.Exit, TokenHash: m.TokenHash}, nil
+}
+
+func parseState(m Message) (Body, error) {
+	switch {
+	case m.State == "" || m.At.IsZero():
+		return nil, errors.New("state message without state or time")
+	case !model.KnownState(m.State):
+		return nil, fmt.Errorf("state %.40q is not an EC2 instance state", m.State)
+	}
+	return StateChange{State: m.State, At: m.At}, nil
+}
+
+func parseOrphan(m Message) (Body, error) {
+	if m.Running < 0 {
+		return nil, fmt.Errorf("running %d, want 0 or more", m.Running)
+	}
+	return OrphanCheck{Running: m.Running}, nil
 }
 
 // SQS limits on SendMessageBatch: ten entries, 256 KiB in all.

@@ -93,17 +93,21 @@ func TestSendAndParse(t *testing.T) {
 		}
 		byID[it.InstanceID] = it
 	}
-	if e := byID["i-0123456789abcdef0"]; e.Kind != workqueue.KindExit || *e.Pod != pod || e.Exit.ExitCode != 3 || !e.Exit.FinishedAt.Equal(at) || e.TokenHash != exit.TokenHash {
-		t.Fatalf("exit %+v", e)
+	// Each body is its kind's type, parsed once.
+	if c, ok := byID["i-0123456789abcdef0"].Body.(workqueue.ExitClaim); !ok || c.Pod != pod || c.Exit.ExitCode != 3 || !c.Exit.FinishedAt.Equal(at) || c.TokenHash != exit.TokenHash {
+		t.Fatalf("exit %+v", byID["i-0123456789abcdef0"].Body)
 	}
 	if r := byID[recheck.InstanceID]; r.Checks != workqueue.MaxChecks {
 		t.Fatalf("checks %d, want %d", r.Checks, workqueue.MaxChecks)
 	}
-	if s := byID["i-0123456789abcdef1"]; s.Kind != workqueue.KindState || s.State != "terminated" || !s.At.Equal(at) {
-		t.Fatalf("state %+v", s)
+	if s, ok := byID["i-0123456789abcdef1"].Body.(workqueue.StateChange); !ok || s.State != "terminated" || !s.At.Equal(at) {
+		t.Fatalf("state %+v", byID["i-0123456789abcdef1"].Body)
 	}
-	if o := byID["i-0123456789abcdef2"]; o.Kind != workqueue.KindOrphan {
-		t.Fatalf("orphan %+v", o)
+	if o, ok := byID["i-0123456789abcdef2"].Body.(workqueue.OrphanCheck); !ok || o.Running != 40 {
+		t.Fatalf("orphan %+v", byID["i-0123456789abcdef2"].Body)
+	}
+	if _, ok := byID[again.InstanceID].Body.(workqueue.SweepRequest); !ok {
+		t.Fatalf("sweep %+v", byID[again.InstanceID].Body)
 	}
 	if a := byID[again.InstanceID]; a.Attempt != again.Attempt || a.Reason != again.Reason {
 		t.Fatalf("attempt %d, reason %q: want %d, %q", a.Attempt, a.Reason, again.Attempt, again.Reason)
