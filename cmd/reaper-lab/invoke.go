@@ -264,9 +264,6 @@ func recordSummary(rec *ledger.Record) string {
 		if len(rec.Runs()) > 1 {
 			exit = e.Container + " " + exit
 		}
-		if rec.Unverified {
-			exit += ", not yet checked against the tags"
-		}
 		parts = append(parts, exit)
 	}
 	if g := rec.Gone; g != nil {

@@ -658,9 +658,10 @@ func (p *provider) statuses(ctx context.Context, byInstance map[string]*corev1.P
 // (rec, the zero Record when there is none) ends it, by the kubelet's rule
 // over every container's exit (podstatus.Build), or nil while the record
 // does not end it. Only a record naming this very Pod (not an earlier one
-// of the same name) and checked against the instance's tags speaks for it.
+// of the same name) speaks for it: Reaper records an exit only once the
+// instance's tags back it.
 func endedFromLedger(pod *corev1.Pod, id string, rec ledger.Record) *corev1.PodStatus {
-	if rec.Pod.UID != string(pod.UID) || rec.Unverified || len(rec.Runs()) == 0 {
+	if rec.Pod.UID != string(pod.UID) || len(rec.Runs()) == 0 {
 		return nil
 	}
 	st, ok := podstatus.Build(pod, model.Outcome{InstanceID: id, Exits: rec.Runs()}, time.Now())

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -17,7 +15,6 @@ import (
 	"github.com/reaper-k8s/reaper/internal/labstack"
 	"github.com/reaper-k8s/reaper/pkg/exitline"
 	"github.com/reaper-k8s/reaper/pkg/intake"
-	"github.com/reaper-k8s/reaper/pkg/ledger"
 	"github.com/reaper-k8s/reaper/pkg/model"
 )
 
@@ -88,47 +85,6 @@ func TestForgedLinesAheadOfTheRealOne(t *testing.T) {
 	wantUntouched(t, victim)
 	if instanceState(t, id) != ec2server.Terminated {
 		t.Fatal("the real exit's instance is still running")
-	}
-}
-
-// putUnverified writes the record an older exitrecorder left for a line it
-// could not check: an exit of pod, marked unverified.
-func putUnverified(t *testing.T, id string, pod model.PodRef) {
-	t.Helper()
-	now := time.Now().UTC()
-	item, err := attributevalue.MarshalMap(ledger.Record{InstanceID: id, Pod: pod, Unverified: true, UpdatedAt: now, Version: 1,
-		ExpiresAt: now.Add(ledger.Retention).Unix()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Those versions kept one exit per instance, in the attribute "exit".
-	if item["exit"], err = attributevalue.Marshal(model.Exit{Container: "main", ExitCode: 0, FinishedAt: now, ReceivedAt: now}); err != nil {
-		t.Fatal(err)
-	}
-	db := dynamodb.NewFromConfig(lab.Stack.AWSConfig(t.Context()))
-	if _, err := db.PutItem(t.Context(), &dynamodb.PutItemInput{TableName: &lab.Table, Item: item}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// A record holding a terminal exit that no tag ever backed (an older
-// exitrecorder kept a forged line's claim so) shields the instance from
-// nothing: once its real Pod is deleted the sweep reaps it.
-func TestRejectedClaimShieldsNothing(t *testing.T) {
-	ctx := t.Context()
-	pod, err := lab.RunningPod(ctx, "hostile", "shielded", corev1.RestartPolicyNever)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := hostileInstance(0xf02, 1)
-	lab.AddInstance(id, pod, true)
-	putUnverified(t, id, model.PodRef{Namespace: "hostile", Name: "invented", UID: "00000000-0000-4000-8000-00000000dead"})
-	if err := lab.DeletePod(ctx, "hostile", "shielded"); err != nil {
-		t.Fatal(err)
-	}
-	sweepNow(t)
-	if instanceState(t, id) != ec2server.Terminated || terminateCalls(id) != 1 {
-		t.Fatalf("the orphan is %s after %d terminate calls", instanceState(t, id), terminateCalls(id))
 	}
 }
 

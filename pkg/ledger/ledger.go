@@ -133,11 +133,6 @@ type Record struct {
 	UpdatedAt        time.Time `dynamodbav:"updatedAt" json:"updatedAt,omitempty"`
 	// Pending is set while the record may need work (PendingIndex).
 	Pending string `dynamodbav:"pending,omitempty" json:"pending,omitempty"`
-	// Unverified is set on records older versions wrote from a line that
-	// could not be checked against the instance's launch tags (the lookup
-	// failed); they live on until their expiry. Such a record is believed
-	// only once EC2 confirms it. RecordExit clears it.
-	Unverified bool `dynamodbav:"unverified,omitempty" json:"unverified,omitempty"`
 	// Version counts the writes that can add work, so that clearing
 	// Pending never hides work recorded in between.
 	Version   int64 `dynamodbav:"version" json:"version"`
@@ -265,11 +260,6 @@ func (t *Table) Get(ctx context.Context, instanceID string) (rec Record, ok bool
 // by sending lines again. Other containers' exits are not touched. It
 // returns the record as it stands afterwards.
 //
-// An exit that older versions recorded unverified for another Pod is
-// replaced whatever its restart count: it came from a line the tags do not
-// back, which must never shadow the real exit. One for the same Pod is
-// that Pod's, and a later one stays.
-//
 // exitTokenHash is the instance's exit-token tag as EC2 describes it now
 // ("" when it does not, or the instance has none): a record that has
 // none yet keeps it (withTokenHash).
@@ -281,13 +271,11 @@ func (t *Table) RecordExit(ctx context.Context, instanceID string, pod model.Pod
 	condition := expression.Or(
 		expression.Name(attr).AttributeNotExists(),
 		expression.And(expression.Name(attr+".restartCount").LessThanEqual(expression.Value(exit.RestartCount)),
-			expression.Or(otherPod, expression.Name(attr+".willRestart").Equal(expression.Value(true)))),
-		expression.And(expression.Name("unverified").AttributeExists(), otherPod))
+			expression.Or(otherPod, expression.Name(attr+".willRestart").Equal(expression.Value(true)))))
 	update := stamped(now).
 		Set(expression.Name(attr), expression.Value(exit)).
 		Set(expression.Name("pod"), expression.Value(pod)).
 		Set(expression.Name(PendingAttribute), expression.Value(pendingValue(instanceID))).
-		Remove(expression.Name("unverified")).
 		Add(expression.Name("version"), expression.Value(1))
 	update = withTokenHash(update, exitTokenHash)
 	rec, err := t.update(ctx, instanceID, expression.NewBuilder().WithUpdate(update).WithCondition(condition))

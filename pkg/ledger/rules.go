@@ -17,14 +17,12 @@ import (
 // WithExit is rec after RecordExit(id, pod, exitTokenHash, exit) at now,
 // and whether the write applies (false: rec is returned as it was). A
 // later exit of the container wins, unless its recorded one is a
-// terminal exit of the same Pod (it is final), and except over one an
-// older version recorded unverified for another Pod. Other containers'
-// exits stay. An exit of the older form (LegacyExit) is not weighed: the
+// terminal exit of the same Pod (it is final). Other containers' exits
+// stay. An exit of the older form (LegacyExit) is not weighed: the
 // reconciler checks it before it writes (FinalExit). The record keeps the
 // first exit-token hash it is given (keepTokenHash).
 func WithExit(rec Record, id string, pod model.PodRef, exitTokenHash string, exit model.Exit, now time.Time) (Record, bool) {
-	replaceUnverified := rec.Unverified && rec.Pod.UID != pod.UID
-	if prev, ok := rec.Exits[exit.Container]; ok && !replaceUnverified &&
+	if prev, ok := rec.Exits[exit.Container]; ok &&
 		(prev.RestartCount > exit.RestartCount || (prev.Terminal() && rec.Pod.UID == pod.UID)) {
 		return rec, false
 	}
@@ -37,7 +35,6 @@ func WithExit(rec Record, id string, pod model.PodRef, exitTokenHash string, exi
 	exits[exit.Container] = exit
 	rec.InstanceID, rec.Pod, rec.Exits = id, pod, exits
 	keepTokenHash(&rec, exitTokenHash)
-	rec.Unverified = false
 	rec.Pending = pendingValue(id)
 	touch(&rec, now)
 	rec.Version++

@@ -39,11 +39,11 @@ func TestRulesMatchTable(t *testing.T) {
 	for n := range 200 {
 		id := fmt.Sprintf("i-%017x", n+1)
 		var want Record
-		// Every fourth record starts as an older version left it: an exit
-		// recorded unverified, often with a restart count above any the
-		// sequence writes.
+		// Every fourth record starts as an older version left it: one exit
+		// in the attribute "exit" (LegacyExit), often with a restart count
+		// above any the sequence writes.
 		if n%4 == 0 {
-			want = putUnverified(t, table, id, pods[rng.IntN(len(pods))], int32(rng.IntN(5)))
+			want = putLegacy(t, table, id, pods[rng.IntN(len(pods))], int32(rng.IntN(5)))
 		}
 		for step := range 8 {
 			clock = clock.Add(time.Second)
@@ -62,8 +62,8 @@ func TestRulesMatchTable(t *testing.T) {
 				exit := model.Exit{Container: []string{"main", "main", "side"}[rng.IntN(3)], ExitCode: rng.IntN(2), RestartCount: int32(rng.IntN(3)), WillRestart: rng.IntN(3) == 0,
 					FinishedAt: clock.Add(-time.Minute)}
 				op = fmt.Sprintf("exit %s %s rc=%d", pod.UID[len(pod.UID)-1:], exit.Container, exit.RestartCount)
-				if prev, ok := want.ExitOf(exit.Container); want.Unverified && ok && prev.RestartCount > exit.RestartCount && want.Pod.UID != pod.UID {
-					op += " over a later unverified exit"
+				if prev, ok := want.ExitOf(exit.Container); ok && want.LegacyExit != nil && *want.LegacyExit == prev && prev.RestartCount > exit.RestartCount {
+					op += " over a later exit of the older form"
 				}
 				got, werr = table.RecordExit(ctx, id, pod, hash, exit)
 				want, ok = WithExit(want, id, pod, hash, exit, clock)
@@ -109,71 +109,75 @@ func TestRulesMatchTable(t *testing.T) {
 				t.Fatalf("%s step %d %s: the table and the rules disagree\ntable %s\nrules %s", id, step, op, g, w)
 			}
 			applied[fmt.Sprint(op[:4], " ", ok)]++
-			if strings.HasSuffix(op, "unverified exit") {
-				applied[fmt.Sprint("exit over unverified ", ok)]++
+			if strings.HasSuffix(op, "of the older form") {
+				applied[fmt.Sprint("exit over the older form ", ok)]++
 			}
 		}
 	}
 	// Every kind of write both applied and not, or the comparison proved
 	// little.
-	for _, k := range []string{"exit true", "exit false", "exit over unverified true", "stat true", "stat false", "done true", "hash kept", "hash not replaced"} {
+	for _, k := range []string{"exit true", "exit false", "exit over the older form true", "stat true", "stat false", "done true", "hash kept", "hash not replaced"} {
 		if applied[k] < 5 {
 			t.Errorf("only %d writes of kind %q: %v", applied[k], k, applied)
 		}
 	}
 }
 
-// A checked exit replaces one an older version recorded unverified for
-// another Pod, even one with a higher restart count, and clears the mark;
-// an unverified one of the same Pod with a higher count stays, as does a
-// checked one. The table and the rules agree on each.
-func TestCheckedExitReplacesUnverified(t *testing.T) {
+// A record as an older version left it, its one exit in the attribute
+// "exit" (LegacyExit), loses no exit: the exit is read as its container's
+// (Runs, ExitOf, Latest) beside the new form's, and, terminal, it is final
+// for its Pod (FinalExit, the reconciler's check before a write). The
+// write rules weigh the new form alone: an exit of the container written
+// over it is its latest, whatever the restart counts, and the table and
+// the rules agree.
+func TestLegacyExit(t *testing.T) {
 	ctx := t.Context()
-	table := startTable(t, "unverified")
+	table := startTable(t, "legacy")
+	clock := time.Date(2026, 12, 1, 12, 0, 0, 123456789, time.UTC)
+	table.now = func() time.Time { return clock }
 	podA := model.PodRef{Namespace: "jobs", Name: "train", UID: "00000000-0000-0000-0000-00000000000a"}
 	podB := model.PodRef{Namespace: "jobs", Name: "train", UID: "00000000-0000-0000-0000-00000000000b"}
-	checked := model.Exit{Container: "main", ExitCode: 0, RestartCount: 0}
+
+	// Pod A's main container ended at restart count 3 (exit code 1,
+	// terminal), as an older version recorded it.
+	before := putLegacy(t, table, "i-legacy", podA, 3)
+	if main, ok := before.ExitOf("main"); !ok || main.RestartCount != 3 || len(before.Runs()) != 1 || before.Latest() == nil || *before.Latest() != main {
+		t.Fatalf("record %+v: want its exit of the older form read as main's", before)
+	}
+	if !FinalExit(before, podA, "main") || FinalExit(before, podB, "main") || FinalExit(before, podA, "side") {
+		t.Errorf("FinalExit of %+v: want final for Pod A's main container alone", before.LegacyExit)
+	}
 
 	for _, tc := range []struct {
-		name       string
-		unverified bool
-		claim      model.PodRef
-		wantPod    model.PodRef
-		replaced   bool
+		name string
+		exit model.Exit
+		runs []string // container and restart count of each run, in order
 	}{
-		{name: "unverified", unverified: true, claim: podB, wantPod: podB, replaced: true},
-		// An exit of the older form is never written again, nor weighed by
-		// the write rule: the checked exit is its container's latest.
-		{name: "unverified-same-pod", unverified: true, claim: podA, wantPod: podA, replaced: true},
-		{name: "checked", unverified: false, claim: podB, wantPod: podA},
+		{name: "same-container", exit: model.Exit{Container: "main", RestartCount: 0}, runs: []string{"main/0"}},
+		{name: "other-container", exit: model.Exit{Container: "a-side", RestartCount: 0}, runs: []string{"a-side/0", "main/3"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			id := "i-" + tc.name
-			// Pod A's exit at restart count 3, then Pod B's at 0.
-			var before Record
-			if tc.unverified {
-				before = putUnverified(t, table, id, podA, 3)
-			} else {
-				var err error
-				if before, err = table.RecordExit(ctx, id, podA, "", model.Exit{Container: "main", ExitCode: 1, RestartCount: 3}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			got, err := table.RecordExit(ctx, id, tc.claim, "", checked)
+			id := "i-legacy-" + tc.name
+			before := putLegacy(t, table, id, podA, 3)
+			got, err := table.RecordExit(ctx, id, podA, "", tc.exit)
 			if err != nil {
 				t.Fatal(err)
 			}
-			rules, applied := WithExit(before, id, tc.claim, "", checked, table.now())
+			rules, applied := WithExit(before, id, podA, "", tc.exit, table.now())
+			if !applied {
+				t.Errorf("rules: the write does not apply")
+			}
 			for form, rec := range map[string]Record{"table": got, "rules": rules} {
-				if wantUnverified := tc.unverified && !tc.replaced; rec.Pod != tc.wantPod || rec.Unverified != wantUnverified {
-					t.Errorf("%s: pod %s, unverified %v; want pod %s, unverified %v", form, rec.Pod.UID, rec.Unverified, tc.wantPod.UID, wantUnverified)
+				var runs []string
+				for _, e := range rec.Runs() {
+					runs = append(runs, fmt.Sprintf("%s/%d", e.Container, e.RestartCount))
 				}
-				if main, _ := rec.ExitOf("main"); main.RestartCount != map[bool]int32{true: 0, false: 3}[tc.replaced] || len(rec.Runs()) != 1 {
-					t.Errorf("%s: runs %+v, want main's restart count %d", form, rec.Runs(), map[bool]int32{true: 0, false: 3}[tc.replaced])
+				if strings.Join(runs, " ") != strings.Join(tc.runs, " ") {
+					t.Errorf("%s: runs %v, want %v", form, runs, tc.runs)
 				}
 			}
-			if applied != tc.replaced {
-				t.Errorf("rules: applied %v, want %v", applied, tc.replaced)
+			if g, w := encode(t, got), encode(t, rules); g != w {
+				t.Errorf("the table and the rules disagree\ntable %s\nrules %s", g, w)
 			}
 		})
 	}
@@ -195,10 +199,10 @@ func startTable(t *testing.T, name string) *Table {
 	return New(db, name)
 }
 
-// putUnverified writes the record an older version left for an exit it
-// could not check (on the pending index's single key "1"), and returns it
-// as the table reads it back.
-func putUnverified(t *testing.T, table *Table, id string, pod model.PodRef, restartCount int32) Record {
+// putLegacy writes the record an older version left for an exit of pod's
+// container "main" (exit code 1, terminal): the exit in the single
+// attribute "exit", and returns it as the table reads it back.
+func putLegacy(t *testing.T, table *Table, id string, pod model.PodRef, restartCount int32) Record {
 	t.Helper()
 	now := table.now().UTC()
 	exit := model.Exit{Container: "main", ExitCode: 1, RestartCount: restartCount, FinishedAt: now.Add(-time.Minute), ReceivedAt: now}
@@ -216,15 +220,14 @@ func putUnverified(t *testing.T, table *Table, id string, pod model.PodRef, rest
 		"pod":            podAV,
 		"updatedAt":      timeAV(now),
 		TTLAttribute:     expiry(now),
-		PendingAttribute: &types.AttributeValueMemberS{Value: "1"},
-		"unverified":     &types.AttributeValueMemberBOOL{Value: true},
+		PendingAttribute: &types.AttributeValueMemberS{Value: pendingValue(id)},
 		"version":        &types.AttributeValueMemberN{Value: "1"},
 	}
 	if _, err := table.client.PutItem(t.Context(), &dynamodb.PutItemInput{TableName: &table.name, Item: item}); err != nil {
 		t.Fatal(err)
 	}
 	rec, ok, err := table.Get(t.Context(), id)
-	if err != nil || !ok || !rec.Unverified {
+	if err != nil || !ok || rec.LegacyExit == nil || *rec.LegacyExit != exit {
 		t.Fatalf("%s: read back %+v, %v, %v", id, rec, ok, err)
 	}
 	return rec

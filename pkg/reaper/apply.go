@@ -51,9 +51,7 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 			slog.Bool("managed", e.ec2.Managed), slog.String("cluster", e.ec2.Cluster))
 		for _, it := range e.items {
 			if c, ok := it.Body.(workqueue.ExitClaim); ok {
-				if err := b.rejectClaim(ctx, e, c.Pod, trust(claimOf(c), e.ec2, nil)); err != nil {
-					return err
-				}
+				b.rejectClaim(ctx, e, c.Pod, trust(claimOf(c), e.ec2, nil))
 			}
 		}
 		return nil
@@ -72,18 +70,14 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 					b.checkAgain(e, it.Message)
 					continue
 				}
-				if err := b.rejectClaim(ctx, e, c.Pod, reason); err != nil {
-					return err
-				}
+				b.rejectClaim(ctx, e, c.Pod, reason)
 				continue
 			}
 			if c.TokenHash != "" && e.ec2 != nil && e.ec2.ExitTokenHash == "" {
 				b.unexpectedToken(ctx, e, c.Pod)
 			}
 			if reason := b.containerCheck(e, rec, c.Exit); reason != "" {
-				if err := b.rejectClaim(ctx, e, c.Pod, reason); err != nil {
-					return err
-				}
+				b.rejectClaim(ctx, e, c.Pod, reason)
 				continue
 			}
 			if rec != nil && ledger.FinalExit(*rec, c.Pod, c.Exit.Container) {
@@ -158,7 +152,7 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 			// Work the record has pending is still reconciled.
 			return sc.Gone() && (*rec).Pending != "", nil
 		}
-		if (*rec).Pending == "" && !(*rec).Unverified && Decide(next, e.ec2, e.livePod(), b.Now(), b.Policy).Idle() {
+		if (*rec).Pending == "" && Decide(next, e.ec2, e.livePod(), b.Now(), b.Policy).Idle() {
 			// One write keeps the record off the pending index, where
 			// setting and clearing it took two, and there is nothing to
 			// reconcile.
@@ -177,7 +171,7 @@ func (b *batchRun) applyState(ctx context.Context, e *entry, items []workqueue.I
 // Pod written ended by its container exits, checked when they were
 // recorded, and its instance terminated.
 func endedByReaper(rec ledger.Record) bool {
-	return rec.Pending == "" && !rec.Unverified && len(rec.Runs()) > 0 && rec.PodSynced != "" && rec.PodSynced != lostKey &&
+	return rec.Pending == "" && len(rec.Runs()) > 0 && rec.PodSynced != "" && rec.PodSynced != lostKey &&
 		rec.PodSynced == (model.Outcome{Exits: rec.Runs()}).Key() && podEndedAsWritten(rec) && !rec.Terminated.IsZero()
 }
 
@@ -310,7 +304,7 @@ func (b *batchRun) confirmedState(ctx context.Context, e *entry, items []workque
 			claimed.State = e.ec2.State
 		}
 		return claimed
-	case e.asked && rec != nil && !rec.Unverified && rec.Gone == nil && rec.Pod.UID != "":
+	case e.asked && rec != nil && rec.Gone == nil && rec.Pod.UID != "":
 		// (A record that knows no Pod, only a queued claim's mark, says
 		// nothing of an instance EC2 does not know.)
 		sc := &ledger.StateChange{State: model.StateTerminated, At: b.Now()}
@@ -391,20 +385,13 @@ func (b *batchRun) recheck(ctx context.Context, e *entry, items []workqueue.Item
 	}
 }
 
-// rejectClaim logs and counts an exit claim the instance's tags do not
-// back, for reason. If the record holds the claim unverified (an older
-// exitrecorder wrote it), the record is settled untouched: nothing acts on
-// it, and no sweep comes back to it.
-func (b *batchRun) rejectClaim(ctx context.Context, e *entry, pod model.PodRef, reason string) error {
+// rejectClaim logs and counts an exit claim Reaper does not take, for
+// reason: the ledger holds nothing of it.
+func (b *batchRun) rejectClaim(ctx context.Context, e *entry, pod model.PodRef, reason string) {
 	b.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, 1)
 	b.Log.LogAttrs(ctx, slog.LevelWarn, "exit line not believed", slog.String("instance", e.id),
 		slog.String("reason", reason), slog.String("claimed", pod.String()), slog.String("claimedUID", pod.UID),
 		slog.String("tags", e.podTags().String()), slog.String("cluster", e.cluster()))
-	rec := e.stored
-	if rec == nil || !rec.Unverified || rec.Pod != pod || rec.Pending == "" {
-		return nil
-	}
-	return b.Ledger.MarkDone(ctx, e.id, ledger.Done{Settled: true, Version: rec.Version})
 }
 
 // reject logs a record that the instance's tags do not back and settles

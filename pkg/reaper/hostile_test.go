@@ -35,16 +35,17 @@ func sweepMsgs(t *testing.T, q *fakes.Queue) []string {
 	return out
 }
 
-// An exit an older version recorded unverified, for a Pod the instance's
-// tags do not name, shields the instance from neither orphan check once
-// its real Pod is deleted.
+// A record holding a terminal exit of a Pod the instance's tags do not
+// name shields the instance from neither orphan check once its real Pod
+// is deleted: only an exit of the tags' Pod ends it (mayBeOrphan).
 func TestRejectedClaimShieldsNothing(t *testing.T) {
 	id := instanceOf(1)
 	inst := owned(id, podOf(1))
 	inst.LaunchTime = testNow().Add(-time.Hour)
 	w := fakes.NewWorld(inst) // the real Pod is deleted
 	core, l, q := newBatchCore(w)
-	l.Recs[id] = ledger.Record{InstanceID: id, Pod: podOf(99), Exits: exitsOf(model.Exit{Container: "main", ExitCode: 0}), Unverified: true, Version: 1}
+	ended := true
+	l.Recs[id] = ledger.Record{InstanceID: id, Pod: podOf(99), Exits: exitsOf(model.Exit{Container: "main", ExitCode: 0}), PodSynced: "exit/0", PodEnded: &ended, Version: 1}
 	sum, err := core.Sweep(t.Context(), 15*time.Minute)
 	if err != nil || sum.Orphans != 1 {
 		t.Fatalf("sweep %+v, %v: want the instance found orphaned", sum, err)

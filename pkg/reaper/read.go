@@ -157,7 +157,7 @@ func (u *unknownIDs) add(ids []string, now time.Time) {
 // carried out. In a burst those are most messages, and they need no EC2
 // call.
 func (e *entry) needsLookup() bool {
-	settled := e.stored != nil && !e.stored.Unverified && !e.stored.Terminated.IsZero()
+	settled := e.stored != nil && !e.stored.Terminated.IsZero()
 	return !settled || slices.ContainsFunc(e.items, func(it workqueue.Item) bool {
 		switch it.Body.(type) {
 		case workqueue.StateChange, workqueue.SweepRequest:

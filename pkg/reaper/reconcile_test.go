@@ -98,7 +98,7 @@ func TestBatchCoalesces(t *testing.T) {
 		t.Fatalf("steps %q, want %q", got, want)
 	}
 	for n := range 3 {
-		if r := l.Recs[instanceOf(n)]; r.Unverified || r.PodSynced != "exit/0" || r.Terminated.IsZero() {
+		if r := l.Recs[instanceOf(n)]; r.Latest() == nil || r.PodSynced != "exit/0" || r.Terminated.IsZero() {
 			t.Fatalf("record %+v", r)
 		}
 	}
@@ -123,11 +123,9 @@ func TestBatchDecisions(t *testing.T) {
 		{name: "exit believed", inst: new(owned(id, pod)), msgs: []workqueue.Message{exitMsg(1, 0)},
 			log: []string{"pod jobs/job-1 exit/0", "terminate [" + id + "]"}, lookups: 1, settled: true},
 		{name: "claim naming another Pod", inst: new(owned(id, other)),
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), Unverified: true, Pending: "1", Version: 1},
-			msgs: []workqueue.Message{exitMsg(1, 0)}, lookups: 1, settled: true},
+			msgs: []workqueue.Message{exitMsg(1, 0)}, lookups: 1, noRecord: true},
 		{name: "another cluster's instance", inst: &instances.Instance{ID: id, State: model.StateRunning, Managed: true, Cluster: "staging", Pod: pod},
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), Unverified: true, Pending: "1", Version: 1},
-			msgs: []workqueue.Message{exitMsg(1, 0)}, lookups: 1, settled: true},
+			msgs: []workqueue.Message{exitMsg(1, 0)}, lookups: 1, noRecord: true},
 		{name: "unknown to EC2 and the ledger", msgs: []workqueue.Message{workqueue.State(id, "terminated", time.Now())}, lookups: 1, noRecord: true},
 		{name: "not ours: state change", inst: &instances.Instance{ID: id, State: model.StateTerminated, Pod: pod},
 			msgs: []workqueue.Message{workqueue.State(id, "terminated", time.Now())}, lookups: 1, noRecord: true},
@@ -140,9 +138,6 @@ func TestBatchDecisions(t *testing.T) {
 		{name: "sweep of a terminated record whose Pod is unwritten: no lookup",
 			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), Terminated: time.Unix(1, 0), Pending: "1", Version: 1},
 			msgs: []workqueue.Message{workqueue.Sweep(id)}, log: []string{"pod jobs/job-1 exit/0"}, settled: true},
-		{name: "sweep of an unverified terminated record: looked up", inst: new(owned(id, pod)),
-			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), Terminated: testNow().Add(-10 * time.Second), Unverified: true, Pending: "1", Version: 1},
-			msgs: []workqueue.Message{workqueue.Sweep(id)}, log: []string{"pod jobs/job-1 exit/0"}, lookups: 1, settled: true},
 		{name: "still running long after its terminate: terminated again", inst: new(owned(id, pod)),
 			rec:  &ledger.Record{InstanceID: id, Pod: pod, Exits: exitsOf(model.Exit{Container: "main"}), PodSynced: "exit/0", Terminated: testNow().Add(-time.Hour), Version: 1},
 			msgs: []workqueue.Message{workqueue.StillRunning(id)}, log: []string{"terminate [" + id + "]"}, lookups: 1, settled: true},
@@ -186,16 +181,17 @@ func TestBatchDecisions(t *testing.T) {
 }
 
 // A failed lookup fails the batch's messages that needed it and acts on
-// none of them; the exit stays in the ledger for the redelivery.
+// none of them: the claims come back with the redelivery, and the ledger
+// records nothing of them until the tags are read.
 func TestBatchLookupFails(t *testing.T) {
 	w := &fakes.World{Pods: map[model.PodRef]bool{podOf(1): true}, Instances: map[string]instances.Instance{}, DescribeErr: errors.New("UnauthorizedOperation")}
 	core, l, _ := newBatchCore(w)
-	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1), Exits: exitsOf(model.Exit{Container: "main"}), Unverified: true, Pending: "1"}
+	l.Recs[instanceOf(1)] = ledger.Record{InstanceID: instanceOf(1), Pod: podOf(1)} // adopted by a sweep
 	resp, _ := core.HandleQueueEvent(t.Context(), batch(t, exitMsg(1, 0), exitMsg(1, 0)))
 	if got := failures(resp); !slices.Equal(got, []string{"m0", "m1"}) {
 		t.Fatalf("failures %v, want both messages", got)
 	}
-	if len(w.Log) != 0 || !l.Recs[instanceOf(1)].Unverified {
+	if len(w.Log) != 0 || l.Recs[instanceOf(1)].Latest() != nil || l.Recs[instanceOf(1)].Pending != "" {
 		t.Fatalf("acted on an unchecked claim: %q, %+v", w.Log, l.Recs[instanceOf(1)])
 	}
 }

@@ -33,7 +33,7 @@ type claim struct {
 func trust(c claim, ec2 *instances.Instance, rec *ledger.Record) string {
 	if ec2 == nil {
 		switch {
-		case rec == nil || rec.Unverified || rec.Pod.UID == "" || rec.Pod != c.pod:
+		case rec == nil || rec.Pod.UID == "" || rec.Pod != c.pod:
 			return model.ReasonInstanceUnknown
 		case rec.ExitTokenHash != "" && c.tokenHash != rec.ExitTokenHash:
 			return model.ReasonTokenMismatch
@@ -68,9 +68,6 @@ func believe(rec ledger.Record, ec2 *instances.Instance) (view *ledger.Record, r
 	if ec2 == nil {
 		// Terminated instances leave EC2's answers after about an hour; a
 		// record checked when it was written still stands.
-		if rec.Unverified {
-			return nil, model.ReasonInstanceUnknown
-		}
 		return &rec, ""
 	}
 	// The record's exit was checked, its token too, when it was recorded.
@@ -83,7 +80,6 @@ func believe(rec ledger.Record, ec2 *instances.Instance) (view *ledger.Record, r
 		}
 		rec.Pod, rec.Exits, rec.LegacyExit = ec2.Pod, nil, nil
 	}
-	rec.Unverified = false
 	return &rec, reason
 }
 
@@ -102,7 +98,7 @@ func mayBeOrphan(inst instances.Instance, rec *ledger.Record, now time.Time) boo
 	if rec == nil {
 		return true
 	}
-	ended := !rec.Unverified && rec.Pod == inst.Pod &&
+	ended := rec.Pod == inst.Pod &&
 		((rec.PodEnded != nil && *rec.PodEnded) || podstatus.HostSaysEnded(rec.Runs()))
 	refused := rec.TerminateRefused != nil && now.Before(rec.TerminateRefused.At.Add(RefusalBackoff))
 	return !ended && !refused

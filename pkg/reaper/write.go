@@ -184,7 +184,7 @@ func (e *entry) podToRead() (model.PodRef, bool) {
 	switch {
 	case e.ec2 != nil && e.ec2.Owned:
 		ref = e.ec2.Pod
-	case e.ec2 == nil && e.stored != nil && !e.stored.Unverified:
+	case e.ec2 == nil && e.stored != nil:
 		ref = e.stored.Pod
 	}
 	if ref.UID == "" {

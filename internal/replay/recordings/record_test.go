@@ -287,8 +287,8 @@ func scenarios() map[string]scenario {
 			}))),
 		},
 	}
-	// The same forged line, delivered while EC2 cannot be asked: it is
-	// recorded unverified, and a later sweep must not act on it.
+	// The same forged line, delivered while EC2 cannot be asked: it waits
+	// on the queue, unrecorded, and a later sweep must not act on it.
 	s["unverified"] = scenario{
 		subjects: []replay.Subject{
 			{InstanceID: instanceID(34), Namespace: "tenants", Name: "unverified-writer", RecordedUID: recordedUID(34)},
