@@ -56,9 +56,7 @@ const pendingQueries = 4
 
 // pendingValue is the PendingAttribute of an instance's record: its shard,
 // "0" to "15", from a hash of the id, so that every write puts a record on
-// the same shard. Older versions wrote "1" for every record; that is shard
-// 1's value, so Pending still finds those records, and their next write
-// moves them to their own shard.
+// the same shard.
 func pendingValue(instanceID string) string {
 	h := fnv.New32a()
 	h.Write([]byte(instanceID))
@@ -471,8 +469,7 @@ func (t *Table) MarkDone(ctx context.Context, instanceID string, d Done) error {
 // particular order. The first error of a query or of fn ends it, and
 // Pending returns that error once its queries have stopped. The index is
 // eventually consistent: a record written a moment ago may only show up in
-// the next sweep, and an older version's record (on shard "1") written
-// while Pending runs may be passed twice.
+// the next sweep.
 func (t *Table) Pending(ctx context.Context, fn func(Record) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
