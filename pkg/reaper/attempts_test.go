@@ -196,13 +196,13 @@ func TestSettleKeepsTimeForTheQueue(t *testing.T) {
 	// Instance 0's Pod is written; its host has its grace.
 	finished := testNow().Add(-5 * time.Second)
 	l.Recs[instanceOf(0)] = ledger.Record{InstanceID: instanceOf(0), Pod: podOf(0), Pending: "p", Version: 1,
-		Exits: exitsOf(model.Exit{Container: "main", FinishedAt: finished}), PodSynced: "exit/0", PodSyncedAt: finished}
+		Exits: exitsOf(model.Exit{Container: "main", FinishedAt: finished, ReceivedAt: finished}), PodSynced: "exit/0", PodSyncedAt: finished}
 	// Instances 10 to 13 are terminated after their grace: their marks
 	// take the marks' time.
 	for i := 10; i < 14; i++ {
 		w.Instances[instanceOf(i)] = owned(instanceOf(i), podOf(i))
 		l.Recs[instanceOf(i)] = ledger.Record{InstanceID: instanceOf(i), Pod: podOf(i), Pending: "p", Version: 1,
-			Exits: exitsOf(model.Exit{Container: "main", FinishedAt: testNow().Add(-time.Minute)}), PodSynced: "exit/0", PodSyncedAt: testNow().Add(-time.Minute)}
+			Exits: exitsOf(model.Exit{Container: "main", FinishedAt: testNow().Add(-time.Minute), ReceivedAt: testNow().Add(-time.Minute)}), PodSynced: "exit/0", PodSyncedAt: testNow().Add(-time.Minute)}
 		msgs = append(msgs, workqueue.Sweep(instanceOf(i)))
 	}
 	core.Ledger = slowMarks{Ledger: l, delay: 10 * time.Second}

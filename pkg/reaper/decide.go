@@ -281,15 +281,10 @@ func decisive(pod *corev1.Pod, exits []model.Exit) []model.Exit {
 	return slices.DeleteFunc(slices.Clone(exits), func(e model.Exit) bool { return podstatus.KindOf(&pod.Spec, e.Container) == podstatus.KindSidecar })
 }
 
-// latestReceipt is when Reaper received the last of exits (an exit
-// recorded without the time, by an older version, counts from when its
-// container finished).
+// latestReceipt is when Reaper received the last of exits.
 func latestReceipt(exits []model.Exit) time.Time {
 	var at time.Time
 	for _, e := range exits {
-		if e.ReceivedAt.IsZero() {
-			e.ReceivedAt = e.FinishedAt
-		}
 		at = laterOf(at, e.ReceivedAt)
 	}
 	return at

@@ -19,10 +19,11 @@ func exitsOf(exits ...model.Exit) map[string]model.Exit {
 	return out
 }
 
-// finishedAt sets when the record's container "main" finished.
-func finishedAt(r *ledger.Record, at time.Time) {
+// receivedAt sets when Reaper received the exit of the record's container
+// "main" (at) and how long before that the container finished (ago).
+func receivedAt(r *ledger.Record, at time.Time, ago time.Duration) {
 	e := r.Exits["main"]
-	e.FinishedAt = at
+	e.FinishedAt, e.ReceivedAt = at.Add(-ago), at
 	r.Exits["main"] = e
 }
 
@@ -62,17 +63,22 @@ func TestDecide(t *testing.T) {
 		{name: "restart pending, instance gone inside window", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("terminated") }), now: t0.Add(time.Minute), wait: true},
 		{name: "restart pending, instance gone, window passed", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("terminated") }), now: t0.Add(3 * time.Minute), pod: "lost"},
 		{name: "restart pending, stopped: terminate, pod later", rec: with(exitRec(true), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/1", gone("stopped") }), now: t0, terminate: true, wait: true},
-		{name: "powering off: the Pod now, the instance after the grace", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0) }), now: t0.Add(10 * time.Second),
+		{name: "powering off: the Pod now, the instance after the grace", rec: with(exitRec(false), func(r *ledger.Record) { receivedAt(r, t0, 5*time.Second) }), now: t0.Add(10 * time.Second),
 			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", wait: true},
-		{name: "powering off, grace passed", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0) }), now: t0.Add(30 * time.Second),
+		{name: "grace from the receipt, not the finish", rec: with(exitRec(false), func(r *ledger.Record) { receivedAt(r, t0, time.Hour) }), now: t0.Add(10 * time.Second),
+			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", wait: true},
+		{name: "powering off, grace passed", rec: with(exitRec(false), func(r *ledger.Record) { receivedAt(r, t0, 5*time.Second) }), now: t0.Add(30 * time.Second),
 			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", terminate: true},
-		{name: "powered off inside the grace", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0); r.Gone, r.PodSynced = gone("shutting-down"), "exit/1" }), now: t0.Add(10 * time.Second),
+		{name: "powered off inside the grace", rec: with(exitRec(false), func(r *ledger.Record) {
+			receivedAt(r, t0, 5*time.Second)
+			r.Gone, r.PodSynced = gone("shutting-down"), "exit/1"
+		}), now: t0.Add(10 * time.Second),
 			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, terminate: true},
-		{name: "described ending: terminated, no grace", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0) }), now: t0.Add(10 * time.Second),
+		{name: "described ending: terminated, no grace", rec: with(exitRec(false), func(r *ledger.Record) { receivedAt(r, t0, 5*time.Second) }), now: t0.Add(10 * time.Second),
 			ec2: &instances.Instance{State: model.StateShuttingDown}, policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", terminate: true},
-		{name: "grace judged from the lookup", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0) }), now: t0.Add(40 * time.Second),
+		{name: "grace judged from the lookup", rec: with(exitRec(false), func(r *ledger.Record) { receivedAt(r, t0, 5*time.Second) }), now: t0.Add(40 * time.Second),
 			ec2: &instances.Instance{State: model.StateRunning, DescribedAt: t0.Add(20 * time.Second)}, policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second}, pod: "exit/1", wait: true},
-		{name: "pod-written tag: grace from the write, from the exit if the write fails", rec: with(exitRec(false), func(r *ledger.Record) { finishedAt(r, t0) }), now: t0.Add(40 * time.Second),
+		{name: "pod-written tag: grace from the write, from the exit if the write fails", rec: with(exitRec(false), func(r *ledger.Record) { receivedAt(r, t0, 5*time.Second) }), now: t0.Add(40 * time.Second),
 			policy: Policy{ExitWait: time.Minute, PowerOffGrace: 30 * time.Second, PodWrittenTag: "reaper.io/pod-written"}, pod: "exit/1", wait: true, unwritten: new(true)},
 		{name: "restart pending, terminal line inside window wins", rec: with(exitRec(false), func(r *ledger.Record) { r.PodSynced, r.Gone = "exit/0", gone("terminated") }), now: t0.Add(time.Minute), pod: "exit/1", terminate: true},
 	} {

@@ -376,7 +376,7 @@ func TestGraceJudgedFromTheLookup(t *testing.T) {
 	core.Policy.PowerOffGrace = 30 * time.Second
 	for n := 1; n <= 2; n++ {
 		l.Recs[instanceOf(n)] = ledger.Record{InstanceID: instanceOf(n), Pod: podOf(n), Pending: "p", Version: 1,
-			Exits:       exitsOf(model.Exit{Container: "main", FinishedAt: testNow().Add(-34 * time.Second)}), // the grace ended 4 s ago
+			Exits:       exitsOf(model.Exit{Container: "main", FinishedAt: testNow().Add(-35 * time.Second), ReceivedAt: testNow().Add(-34 * time.Second)}), // the grace ended 4 s ago
 			PodSynced:   model.Outcome{InstanceID: instanceOf(n), Exits: []model.Exit{{Container: "main", FinishedAt: testNow().Add(-34 * time.Second)}}}.Key(),
 			PodSyncedAt: testNow().Add(-34 * time.Second)}
 	}
