@@ -121,7 +121,7 @@ func TestDescribeKeepsTheOtherChunks(t *testing.T) {
 			if err := d.Left[id]; !errors.As(err, &ae) || ae.ErrorCode() != "InternalError" || errors.Is(err, instances.ErrNoTokens) {
 				t.Fatalf("%s left with %v, want its chunk's InternalError", id, err)
 			}
-			if d.Answered(id) {
+			if answered(d, id) {
 				t.Fatalf("%s answered", id)
 			}
 		}
@@ -129,12 +129,12 @@ func TestDescribeKeepsTheOtherChunks(t *testing.T) {
 			if slices.Contains(lost, id) || id == gone {
 				continue
 			}
-			if !d.Found[id].Owned || !d.Answered(id) {
+			if !d.Found[id].Owned || !answered(d, id) {
 				t.Fatalf("chunk %d failing: %s not found", failed, id)
 			}
 		}
-		if _, found := d.Found[gone]; found || !d.Answered(gone) {
-			t.Fatalf("%s, which EC2 no longer knows: found %v, answered %v", gone, found, d.Answered(gone))
+		if _, found := d.Found[gone]; found || !answered(d, gone) {
+			t.Fatalf("%s, which EC2 no longer knows: found %v, answered %v", gone, found, answered(d, gone))
 		}
 		// One a chunk, and one that asks for the gone instance by id.
 		if c := srv.CallCount("DescribeInstances"); c != n/chunk+1 {
@@ -295,8 +295,8 @@ func TestDescribeConfirmsByID(t *testing.T) {
 	if inst, ok := d.Found[ids[3]]; !ok || !inst.Owned {
 		t.Fatalf("%s, left out of the filtered answer: found %v, want it found by id", ids[3], ok)
 	}
-	if _, found := d.Found[gone]; found || !d.Answered(gone) || len(d.Left) != 0 {
-		t.Fatalf("%s: found %v, answered %v, left %v: want it confirmed unknown", gone, found, d.Answered(gone), d.Left)
+	if _, found := d.Found[gone]; found || !answered(d, gone) || len(d.Left) != 0 {
+		t.Fatalf("%s: found %v, answered %v, left %v: want it confirmed unknown", gone, found, answered(d, gone), d.Left)
 	}
 	if c := srv.CallCount("DescribeInstances"); c != 3 {
 		t.Fatalf("%d DescribeInstances requests, want 3: the filtered one, by id, by id without the unknown one", c)

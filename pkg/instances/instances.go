@@ -88,14 +88,6 @@ type Described struct {
 	Left map[string]error
 }
 
-// Answered says whether EC2 answered for id: described it, or described its
-// chunk without it (EC2 does not know it). id is one of the ids the
-// Describe was given: every one of those is either answered or Left.
-func (d Described) Answered(id string) bool {
-	_, left := d.Left[id]
-	return !left
-}
-
 // Describe describes the instances ids, describeChunk at a time, in order.
 // Instances EC2 does not know (never existed, or terminated long ago) are
 // neither Found nor Left. A chunk that fails costs its own ids only: they

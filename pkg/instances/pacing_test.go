@@ -251,7 +251,7 @@ func TestDescribeDoesWhatTheTokensAllow(t *testing.T) {
 		cancel()
 		done := len(d.Found)
 		for _, id := range left[:done] {
-			if !d.Found[id].Owned || !d.Answered(id) {
+			if !d.Found[id].Owned || !answered(d, id) {
 				t.Fatalf("round %d: %s not found", round, id)
 			}
 		}
