@@ -39,3 +39,23 @@ func TestEventNameValid(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyToNeedsARead: a Current snapshot no read made (it carries no
+// Pod) is refused by the writer and the dry run's alike, before any
+// request.
+func TestApplyToNeedsARead(t *testing.T) {
+	ref := model.PodRef{Namespace: "jobs", Name: "train", UID: "5f0c8e1a-7b5d-4c3e-9a41-2d6f0b8c1e11"}
+	snap := Snapshot{Ref: ref, Result: Current}
+	o := model.Outcome{Exits: []model.Exit{{Container: "main"}}}
+	w := &StatusWriter{} // no client: a request would panic
+	if _, err := w.ApplyTo(t.Context(), snap, o); err == nil || !strings.Contains(err.Error(), ref.String()) {
+		t.Errorf("StatusWriter.ApplyTo: %v, want an error naming %s", err, ref)
+	}
+	if _, err := (ReadOnly{StatusWriter: w}).ApplyTo(t.Context(), snap, o); err == nil {
+		t.Errorf("ReadOnly.ApplyTo: no error")
+	}
+	// Not Current: the snapshot is its own answer.
+	if a, err := w.ApplyTo(t.Context(), Snapshot{Ref: ref, Result: PodGone}, o); err != nil || a.Result != PodGone {
+		t.Errorf("gone: %+v, %v; want %s", a, err, PodGone)
+	}
+}

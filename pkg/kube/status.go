@@ -39,8 +39,8 @@ const (
 	Patched Result = "patched"
 	// AlreadyTerminal: the Pod had ended before; it was not touched.
 	AlreadyTerminal Result = "already-terminal"
-	// Current: the Pod is live and, from Apply or ApplyTo, already shows
-	// this outcome or a later one.
+	// Current: the Pod is live (a read's answer) and, from ApplyTo,
+	// already shows this outcome or a later one.
 	Current Result = "current"
 	// PodGone: no Pod of that name exists any more.
 	PodGone Result = "pod-gone"
@@ -75,7 +75,8 @@ func NewStatusWriter(client rest.Interface) *StatusWriter {
 	return &StatusWriter{client: client, now: time.Now}
 }
 
-// Snapshot is one read of the Pod a PodRef names.
+// Snapshot is one read of the Pod a PodRef names, made by Read, ReadMany
+// or SnapshotOf: a Current one carries the Pod read.
 type Snapshot struct {
 	Ref model.PodRef
 	// Result is Current when the Pod exists with the ref's UID and has not
@@ -147,7 +148,8 @@ var conflictBackoff = wait.Backoff{Steps: maxConflicts, Duration: 10 * time.Mill
 
 // ApplyTo makes the Pod of a snapshot (from Read or ReadMany) carry the
 // outcome, with no read of its own first. A snapshot that is not Current
-// is its own answer, and nothing is written. It never rewrites a Pod that
+// is its own answer, and nothing is written; a Current one without its Pod
+// (no read made it) is an error. It never rewrites a Pod that
 // is already Succeeded or Failed: it patches with the resourceVersion of
 // the snapshot, so a Pod that changed since (and may have ended) comes back
 // as a conflict and is read again (retry.RetryOnConflict). The patch also
@@ -156,16 +158,18 @@ var conflictBackoff = wait.Backoff{Steps: maxConflicts, Duration: 10 * time.Mill
 // did; an Event that cannot be posted is logged and counted, and the
 // result is still Patched.
 func (w *StatusWriter) ApplyTo(ctx context.Context, snap Snapshot, o model.Outcome) (Applied, error) {
+	if err := checkRead(snap); err != nil {
+		return Applied{}, err
+	}
 	var applied Applied
-	reread := snap.Result == Current && snap.pod == nil // a snapshot not made by a read
+	attempt := 0
 	err := retry.RetryOnConflict(conflictBackoff, func() error {
-		if reread {
+		if attempt++; attempt > 1 { // after a conflict
 			var err error
 			if snap, err = w.Read(ctx, snap.Ref); err != nil {
 				return err
 			}
 		}
-		reread = true
 		status, res := w.plan(snap, o)
 		if res != "" {
 			applied = Applied{Result: res}
@@ -179,6 +183,15 @@ func (w *StatusWriter) ApplyTo(ctx context.Context, snap Snapshot, o model.Outco
 		return Applied{}, fmt.Errorf("patch pod %s status: still conflicting after %d attempts: %w", snap.Ref, maxConflicts, err)
 	}
 	return applied, err
+}
+
+// checkRead refuses a Current snapshot that carries no Pod: one no read
+// made, which has nothing to write the outcome from.
+func checkRead(snap Snapshot) error {
+	if snap.Result == Current && snap.pod == nil {
+		return fmt.Errorf("pod %s: a current snapshot without the Pod read", snap.Ref)
+	}
+	return nil
 }
 
 // plan returns the status the snapshot's Pod must be patched to, or (res
@@ -201,12 +214,9 @@ type ReadOnly struct {
 }
 
 // ApplyTo decides the write from the snapshot and makes none.
-func (w ReadOnly) ApplyTo(ctx context.Context, snap Snapshot, o model.Outcome) (Applied, error) {
-	if snap.Result == Current && snap.pod == nil {
-		var err error
-		if snap, err = w.Read(ctx, snap.Ref); err != nil {
-			return Applied{}, err
-		}
+func (w ReadOnly) ApplyTo(_ context.Context, snap Snapshot, o model.Outcome) (Applied, error) {
+	if err := checkRead(snap); err != nil {
+		return Applied{}, err
 	}
 	status, res := w.plan(snap, o)
 	if res != "" {
