@@ -85,7 +85,7 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 				// the same line again is a redelivery, anything else is
 				// counted.
 				if final, _ := rec.ExitOf(c.Exit.Container); !sameExit(final, c.Exit) {
-					b.Metrics.By(metrics.Reason(model.ReasonAfterTerminal)).Count(metrics.LinesRejected, 1)
+					b.rejected(model.ReasonAfterTerminal)
 					b.Log.LogAttrs(ctx, slog.LevelWarn, "exit after a terminal exit", slog.String("instance", e.id),
 						slog.String("pod", c.Pod.String()), slog.Int("restartCount", int(c.Exit.RestartCount)))
 				}
@@ -116,7 +116,6 @@ func (b *batchRun) applyEntry(ctx context.Context, e *entry) error {
 func (b *batchRun) believeEntry(ctx context.Context, e *entry, rec ledger.Record) error {
 	view, reason := believe(rec, e.ec2)
 	if view == nil {
-		b.count(func(s *BatchSummary) { s.Rejected++ })
 		return b.reject(ctx, rec, e, reason)
 	}
 	if reason != "" {
@@ -262,7 +261,7 @@ func (b *batchRun) notInFuture(ctx context.Context, id string, items []workqueue
 			return false
 		}
 		if _, exit := it.Body.(workqueue.ExitClaim); exit {
-			b.Metrics.By(metrics.Reason(model.ReasonFinishedInFuture)).Count(metrics.LinesRejected, 1)
+			b.rejected(model.ReasonFinishedInFuture)
 		} else {
 			b.Metrics.By(metrics.Reason(model.ReasonInFuture)).Count(metrics.StateChangesRefused, 1)
 		}
@@ -388,7 +387,7 @@ func (b *batchRun) recheck(ctx context.Context, e *entry, items []workqueue.Item
 // rejectClaim logs and counts an exit claim Reaper does not take, for
 // reason: the ledger holds nothing of it.
 func (b *batchRun) rejectClaim(ctx context.Context, e *entry, pod model.PodRef, reason string) {
-	b.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, 1)
+	b.rejected(reason)
 	b.Log.LogAttrs(ctx, slog.LevelWarn, "exit line not believed", slog.String("instance", e.id),
 		slog.String("reason", reason), slog.String("claimed", pod.String()), slog.String("claimedUID", pod.UID),
 		slog.String("tags", e.podTags().String()), slog.String("cluster", e.cluster()))
@@ -400,11 +399,19 @@ func (b *batchRun) reject(ctx context.Context, rec ledger.Record, e *entry, reas
 	b.Log.LogAttrs(ctx, slog.LevelWarn, "record not believed", slog.String("instance", e.id),
 		slog.String("reason", reason), slog.String("claimed", rec.Pod.String()), slog.String("tags", e.podTags().String()),
 		slog.String("cluster", e.cluster()))
-	b.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, 1)
+	b.rejected(reason)
 	if rec.Pending == "" {
 		return nil
 	}
 	return b.Ledger.MarkDone(ctx, e.id, ledger.Done{Settled: true, Version: rec.Version})
+}
+
+// rejected counts an exit claim or a record the batch does not act on, for
+// reason: in the batch's summary (Rejected), which it raises to WARN, and
+// in LinesRejected.
+func (b *batchRun) rejected(reason string) {
+	b.count(func(s *BatchSummary) { s.Rejected++ })
+	b.Metrics.By(metrics.Reason(reason)).Count(metrics.LinesRejected, 1)
 }
 
 // cluster is the cluster tag of the entry's instance, as far as EC2

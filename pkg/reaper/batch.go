@@ -34,7 +34,12 @@ type BatchSummary struct {
 	RechecksHeldBack int `json:"rechecksHeldBack"`
 	// Skipped instances are not this deployment's, or unknown to EC2 and
 	// to the ledger.
-	Skipped    int `json:"skipped"`
+	Skipped int `json:"skipped"`
+	// Rejected are the exit claims and records not acted on, for a reason
+	// (rejected): claims the instance's tags or its Pod's spec do not
+	// back, dated in the future, or after a terminal exit of their
+	// container, and records the tags do not back. Each is logged at WARN
+	// and counted in LinesRejected by its reason.
 	Rejected   int `json:"rejected"`
 	Reconciled int `json:"reconciled"`
 	Patched    int `json:"patched"`
@@ -54,7 +59,7 @@ type BatchSummary struct {
 
 // level is the level of the batch's line: ERROR when work failed (it
 // comes back) or was dead-lettered, WARN when messages were dropped as
-// invalid or claims rejected, INFO otherwise.
+// invalid or claims or records rejected (Rejected), INFO otherwise.
 func (s BatchSummary) level() slog.Level {
 	switch {
 	case s.Failed > 0 || s.DeadLettered > 0:

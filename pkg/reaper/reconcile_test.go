@@ -18,6 +18,7 @@ import (
 	"github.com/reaper-k8s/reaper/internal/fakes"
 	"github.com/reaper-k8s/reaper/pkg/instances"
 	"github.com/reaper-k8s/reaper/pkg/ledger"
+	"github.com/reaper-k8s/reaper/pkg/metrics"
 	"github.com/reaper-k8s/reaper/pkg/model"
 	"github.com/reaper-k8s/reaper/pkg/workqueue"
 )
@@ -443,6 +444,58 @@ func TestBatchLogLevel(t *testing.T) {
 	} {
 		if got := tc.sum.level(); got != tc.want {
 			t.Errorf("%+v: level %v, want %v", tc.sum, got, tc.want)
+		}
+	}
+}
+
+// A claim the batch rejects is counted in the batch's summary, whose line
+// it raises to WARN, and in LinesRejected by its reason: one naming
+// another Pod than the tags, one dated in the future, another line after
+// a terminal exit. Believed claims, and a terminal line delivered again,
+// leave the line at INFO.
+func TestRejectedClaimsWarnTheBatch(t *testing.T) {
+	future := workqueue.Exit(instanceOf(3), podOf(3), model.Exit{Container: "main", FinishedAt: testNow().Add(time.Hour)})
+	otherPod := workqueue.Exit(instanceOf(1), podOf(2), model.Exit{Container: "main", FinishedAt: testNow()})
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)), owned(instanceOf(2), podOf(2)), owned(instanceOf(3), podOf(3)), owned(instanceOf(4), podOf(4)))
+	w.Pods[podOf(1)], w.Pods[podOf(2)], w.Pods[podOf(3)], w.Pods[podOf(4)] = true, true, true, true
+	core, _, _ := newBatchCore(w)
+	for _, tc := range []struct {
+		name     string
+		msgs     []workqueue.Message
+		level    string
+		rejected int
+		reason   string
+	}{
+		{name: "believed", msgs: []workqueue.Message{exitMsg(4, 0), exitMsg(2, 0), exitMsg(2, 0)}, level: "INFO"},
+		{name: "another Pod", msgs: []workqueue.Message{otherPod, exitMsg(1, 0)}, level: "WARN", rejected: 1, reason: model.ReasonPodMismatch},
+		{name: "in the future", msgs: []workqueue.Message{future}, level: "WARN", rejected: 1, reason: model.ReasonFinishedInFuture},
+		{name: "the terminal line again", msgs: []workqueue.Message{exitMsg(4, 0)}, level: "INFO"},
+		{name: "another line after the terminal one", msgs: []workqueue.Message{exitMsg(4, 1)}, level: "WARN", rejected: 1, reason: model.ReasonAfterTerminal},
+	} {
+		var emf, logs bytes.Buffer
+		core.Metrics = metrics.New(slog.New(slog.NewJSONHandler(&emf, nil)), "Reaper", metrics.FunctionReconciler)
+		core.Log = slog.New(slog.NewJSONHandler(&logs, nil))
+		if _, err := core.HandleQueueEvent(t.Context(), batch(t, tc.msgs...)); err != nil {
+			t.Fatal(err)
+		}
+		var line struct {
+			Level    string `json:"level"`
+			Msg      string `json:"msg"`
+			Rejected int    `json:"rejected"`
+		}
+		for l := range strings.Lines(logs.String()) {
+			if err := json.Unmarshal([]byte(l), &line); err != nil {
+				t.Fatal(err)
+			}
+			if line.Msg == "batch" {
+				break
+			}
+		}
+		if line.Msg != "batch" || line.Level != tc.level || line.Rejected != tc.rejected {
+			t.Errorf("%s: batch line %+v, want level %s, %d rejected:\n%s", tc.name, line, tc.level, tc.rejected, logs.String())
+		}
+		if n := countOf(t, emf.String(), metrics.LinesRejected, tc.reason); tc.reason != "" && n != tc.rejected {
+			t.Errorf("%s: %s{%s} = %d, want %d", tc.name, metrics.LinesRejected, tc.reason, n, tc.rejected)
 		}
 	}
 }
