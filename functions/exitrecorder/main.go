@@ -1,7 +1,9 @@
 // Command exitrecorder is the Lambda behind the exit-line log group's
-// subscription filter: it records each container exit in the ledger and
-// hands the instance to the reconciler, which checks the line against the
-// instance's tags, makes the Pod's status say so and terminates it.
+// subscription filter: it queues the latest exit line of each container
+// of each Pod the lines name as a claim for the reconciler, which checks
+// the claim against the instance's tags, records it in the ledger, makes
+// the Pod's status say so and terminates the instance. The exitrecorder
+// itself writes no ledger.
 package main
 
 import (

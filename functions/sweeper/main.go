@@ -1,6 +1,7 @@
 // Command sweeper is the scheduled Lambda that compares the ledger, the
-// managed instances and their Pods, and hands whatever events missed to the
-// reconciler.
+// managed instances and their Pods: it records in the ledger the gone
+// states events missed and the running instances it has no record of, and
+// hands the rest of what events missed to the reconciler.
 package main
 
 import (

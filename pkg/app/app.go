@@ -78,8 +78,9 @@ func Logger(level slog.Level) *slog.Logger {
 
 // needs are what each function reaches besides the work queue: the
 // exitrecorder and statechange only enqueue; the sweeper reads Pods but
-// changes none; only the reconciler writes the ledger and Pods and
-// terminates.
+// changes none, and writes the ledger what EC2 lists (gone states events
+// missed, adoptions of running instances); only the reconciler records
+// exits, writes Pods and terminates.
 var needs = map[string]config.Needs{
 	metrics.FunctionExitRecorder: {},
 	metrics.FunctionStateChange:  {},

@@ -41,10 +41,12 @@ type Intake struct {
 type ExitSummary struct {
 	InstanceID string `json:"instanceId"`
 	Lines      int    `json:"lines"`
-	// Recorded counts the well-formed lines. Their claims are on the
-	// queue, which holds them until the reconciler has checked them and
-	// written the ledger: the queue message is the exit's write-ahead
-	// record.
+	// Recorded counts the well-formed lines once every one of their claims
+	// is on the queue (0 when any could not be queued): nothing is
+	// recorded in the ledger here. The queue holds the claims until the
+	// reconciler has checked them and written the ledger: the queue
+	// message is the exit's write-ahead record. metrics.ExitsRecorded
+	// counts the same.
 	Recorded int `json:"recorded"`
 	// Queued counts the exit claims handed to the reconciler, which checks
 	// them against the instance's tags: one per Pod, container and token

@@ -32,7 +32,10 @@ const (
 
 // Counts (unit Count).
 const (
-	// ExitsRecorded: exit lines recorded in the ledger.
+	// ExitsRecorded: well-formed exit lines the exitrecorder took, once
+	// their claims are on the work queue (intake.ExitSummary.Recorded):
+	// queued, not yet checked nor in the ledger, which only the reconciler
+	// writes an exit to. The name stays: the dashboard reads it.
 	ExitsRecorded = "ExitsRecorded"
 	// LinesRejected: exit lines not acted on, by ReasonDim.
 	LinesRejected = "LinesRejected"
@@ -143,7 +146,7 @@ type Definition struct {
 // Definitions are every metric of the contract, counts first, in the order
 // the dashboard shows them.
 var Definitions = []Definition{
-	{ExitsRecorded, Count, "", "Exit lines recorded"},
+	{ExitsRecorded, Count, "", "Exit lines queued for the reconciler"},
 	{LinesRejected, Count, ReasonDim, "Exit lines rejected, by reason"},
 	{PodStatusesWritten, Count, OutcomeDim, "Pod statuses written, by outcome"},
 	{InstancesTerminated, Count, "", "Instances terminated after their Pod"},

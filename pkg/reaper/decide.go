@@ -27,8 +27,9 @@ type Policy struct {
 	TerminateStopped bool
 	// PowerOffGrace is how long an instance still running after its
 	// terminal exit is left to power itself off before Reaper terminates
-	// it (0: at once), counted from the exit's finishedAt, or with
-	// PodWrittenTag from Reaper's write of its Pod if later (graceEnd):
+	// it (0: at once), counted from when Reaper received the exit that
+	// ended its Pod, on Reaper's clock, or with PodWrittenTag from
+	// Reaper's write of its Pod if later (graceEnd):
 	// the default user-data's hosts power off within seconds of their exit
 	// line shipping, those that wait for the Pod-written tag within
 	// seconds of the write. Reaper's terminate is then the safety net, and
@@ -79,7 +80,8 @@ type Plan struct {
 	End End
 	// EndUnwritten is when it is terminated if the planned Pod write fails:
 	// a failed write never holds the instance billing beyond the grace
-	// after its exit (an apiserver outage must not keep a GPU running).
+	// after Reaper received its exit (an apiserver outage must not keep a
+	// GPU running).
 	EndUnwritten End
 	// WaitUntil is set while something is still to come: the exit-wait
 	// window of an instance gone without an exit line (nothing is decided
