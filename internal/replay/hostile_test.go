@@ -19,8 +19,9 @@ import (
 )
 
 // The tests of this file are the attacks and operators' mistakes of the
-// README's fault matrix, through the built functions. They sweep, so like
-// those of ends_test.go none runs in parallel.
+// fault matrix (docs/security.md, "Fault matrix"), through the built
+// functions. They sweep, so like those of ends_test.go none runs in
+// parallel.
 
 // hostileInstance is the n-th instance id of a hostile test.
 func hostileInstance(prefix uint64, n int) string {

@@ -30,10 +30,11 @@ type Config struct {
 	// before the sweep terminates it (REAPER_ORPHAN_GRACE, default 15m).
 	OrphanGrace time.Duration
 	// PowerOffGrace is how long after Reaper received the exit that ended
-	// its Pod (with REAPER_TAG_POD_WRITTEN: after Reaper's write of the
-	// Pod, if later) a running instance is left to power itself off before
-	// Reaper terminates it (REAPER_POWER_OFF_GRACE, default
-	// DefaultPowerOffGrace; 0: at once; at most 15m).
+	// its Pod (or its sidecars' grace ended; with REAPER_TAG_POD_WRITTEN:
+	// after Reaper's write of the Pod, if later) a running instance is
+	// left to power itself off before Reaper terminates it
+	// (REAPER_POWER_OFF_GRACE, default DefaultPowerOffGrace; 0: at once;
+	// at most 15m).
 	PowerOffGrace time.Duration
 	// OrphanCap is the most a sweep terminates as orphans, as a part of the
 	// owned instances running (REAPER_ORPHAN_CAP, default 0.1, in (0, 1]):

@@ -1,6 +1,7 @@
 // Package podstatus computes the status a Pod must carry for an outcome
-// Reaper learned about its container or its instance (the truth table in the
-// design notes). It is pure: no I/O, so every row is table-tested.
+// Reaper learned about its containers or its instance (the tables of
+// docs/concepts.md, "What the Pod ends with"). It is pure: no I/O, so
+// every row is table-tested.
 package podstatus
 
 import (

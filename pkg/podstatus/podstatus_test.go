@@ -35,7 +35,8 @@ func exit(code int, mutate ...func(*model.Exit)) model.Outcome {
 	return model.Outcome{InstanceID: "i-0123456789abcdef0", Exits: []model.Exit{*e}}
 }
 
-// TestTruthTable walks the rows of the status truth table in the design notes.
+// TestTruthTable walks the rows of the status truth table of a Pod of one
+// container (docs/concepts.md, "A Pod of one container").
 func TestTruthTable(t *testing.T) {
 	for _, tc := range []struct {
 		name         string

@@ -27,9 +27,11 @@ type Policy struct {
 	TerminateStopped bool
 	// PowerOffGrace is how long an instance still running after its
 	// terminal exit is left to power itself off before Reaper terminates
-	// it (0: at once), counted from when Reaper received the exit that
-	// ended its Pod, on Reaper's clock, or with PodWrittenTag from
-	// Reaper's write of its Pod if later (graceEnd):
+	// it (0: at once), counted from when Reaper learned its Pod ended, on
+	// Reaper's clock, never from the line's finishedAt: the receipt of the
+	// exit that ended it (or the end of the grace of sidecars that
+	// outlived it), or with PodWrittenTag Reaper's write of its Pod if
+	// later (graceEnd):
 	// the default user-data's hosts power off within seconds of their exit
 	// line shipping, those that wait for the Pod-written tag within
 	// seconds of the write. Reaper's terminate is then the safety net, and
@@ -331,7 +333,8 @@ func endAfterGrace(graceEnds time.Time, rec ledger.Record, v podView, seen time.
 }
 
 // graceEnd is when the power-off grace of the instance ends: the grace
-// after Reaper learned the Pod ended (received the exit that ended it), on
+// after Reaper learned the Pod ended (received the exit that ended it, or
+// the grace of sidecars that outlived it ended: podView.endedAt), on
 // Reaper's clock (a container's first terminal exit is final, so no later
 // line moves it), as the default user-data's hosts power off a few
 // seconds after their last exit whenever Reaper writes the Pod. With the

@@ -2,7 +2,7 @@
 // exitrecorder, statechange and sweeper functions hand to the reconciler,
 // and the client that sends them. A message names one instance and what
 // happened to it; the reconciler coalesces a batch of them into few EC2
-// calls (design §3, "the work queue").
+// calls (docs/concepts.md, "The work queue").
 package workqueue
 
 import (
