@@ -66,16 +66,7 @@ func anchors(text string) map[string]bool {
 	seen := map[string]int{}
 	out := map[string]bool{}
 	for _, m := range heading.FindAllStringSubmatch(prose(text), -1) {
-		var b strings.Builder
-		for _, r := range strings.ToLower(m[1]) {
-			switch {
-			case unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_':
-				b.WriteRune(r)
-			case r == ' ':
-				b.WriteRune('-')
-			}
-		}
-		slug := b.String()
+		slug := slug(m[1])
 		if n := seen[slug]; n > 0 {
 			out[slug+"-"+strconv.Itoa(n)] = true
 		} else {
@@ -87,6 +78,20 @@ func anchors(text string) map[string]bool {
 		out[m[1]] = true
 	}
 	return out
+}
+
+// slug is the fragment GitHub gives a heading of that text.
+func slug(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_':
+			b.WriteRune(r)
+		case r == ' ':
+			b.WriteRune('-')
+		}
+	}
+	return b.String()
 }
 
 // links are a page's relative link targets, outside code blocks, resolved
