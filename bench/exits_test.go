@@ -36,7 +36,7 @@ const invocationTimeout = time.Minute
 // BenchmarkExitRecorder runs 1000 exits through the exitrecorder's handler
 // in-process: the payload decoded as the Lambda runtime does, then
 // functions/exitrecorder/main.go's handler, wired as its main wires it.
-// Per exit it writes the ledger once and sends one work item.
+// Per exit it sends one work item, a claim; it writes no ledger.
 func BenchmarkExitRecorder(b *testing.B) {
 	for _, c := range concurrencies {
 		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {

@@ -81,7 +81,7 @@ func metric(lines []emfLine, function, name string, dims map[string]string) (uni
 }
 
 // An exit's invocations report, as metrics in their own logs, the line the
-// exitrecorder recorded and the one it rejected, and the Pod the reconciler
+// exitrecorder queued and the one it rejected, and the Pod the reconciler
 // finalized, the instance it terminated and how long after the container
 // finished each happened.
 func TestExitMetrics(t *testing.T) {
