@@ -236,9 +236,12 @@ func TestOrphanCapHoldsBack(t *testing.T) {
 		}
 		return n
 	}
+	// The sweep hands on at most the cap; each reconciler batch ends at
+	// most its part of it (the lab runs two at once), the rest wait for
+	// the next sweep.
 	sum := sweepNow(t)
-	if sum.HeldBack == 0 || sum.Orphans == 0 || terminated() != sum.Orphans {
-		t.Fatalf("sweep %+v, %d terminated: want some terminated, some held back", sum, terminated())
+	if sum.HeldBack == 0 || sum.Orphans == 0 || terminated() == 0 || terminated() > sum.Orphans {
+		t.Fatalf("sweep %+v, %d terminated: want some terminated, no more than the sweep handed on, some held back", sum, terminated())
 	}
 	first := terminated()
 	if first >= len(ids) {

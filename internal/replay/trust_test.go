@@ -3,6 +3,7 @@ package replay
 import (
 	"encoding/json"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -207,18 +208,26 @@ func TestRestartPendingOrphan(t *testing.T) {
 	if err := lab.DeletePod(t.Context(), "services", "restart-orphan"); err != nil {
 		t.Fatal(err)
 	}
-	resp, fnErr, err := sweeper.Invoke(t.Context(), sc.Payloads("sweeper")[0])
-	var sum reaper.SweepSummary
-	if err != nil || fnErr != nil || json.Unmarshal(resp, &sum) != nil || sum.Orphans < 1 {
-		t.Fatalf("sweep: %v %v %s", err, fnErr, resp)
-	}
-	if err := lab.DrainSent(t.Context(), time.Now()); err != nil {
-		t.Fatal(err)
+	// The lab's other tests leave orphans too (TestOrphanCapHoldsBack 40),
+	// and the orphan cap ends the oldest first, a part of the running
+	// instances a sweep: a few sweeps may pass before this one's turn.
+	for sweeps := 0; terminateCalls(id) == 0; sweeps++ {
+		if sweeps == 20 {
+			t.Fatalf("restart-pending orphan not terminated after %d sweeps", sweeps)
+		}
+		resp, fnErr, err := sweeper.Invoke(t.Context(), sc.Payloads("sweeper")[0])
+		var sum reaper.SweepSummary
+		if err != nil || fnErr != nil || json.Unmarshal(resp, &sum) != nil || sum.Orphans < 1 {
+			t.Fatalf("sweep: %v %v %s", err, fnErr, resp)
+		}
+		if err := lab.DrainSent(t.Context(), time.Now()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if terminateCalls(id) != 1 || instanceState(t, id) != ec2server.Terminated {
-		t.Fatal("restart-pending orphan not terminated")
+		t.Fatal("restart-pending orphan not terminated once")
 	}
-	if unit, values, ok := metric(emfLines(t, sweeper.Logs()), metrics.FunctionSweeper, metrics.OrphansFound, nil); !ok || unit != "Count" || len(values) != 1 || values[0] < 1 {
+	if unit, values, ok := metric(emfLines(t, sweeper.Logs()), metrics.FunctionSweeper, metrics.OrphansFound, nil); !ok || unit != "Count" || len(values) == 0 || slices.Max(values) < 1 {
 		t.Errorf("%s: found=%v unit %q values %v, want a count of at least 1", metrics.OrphansFound, ok, unit, values)
 	}
 	var terminated []float64
