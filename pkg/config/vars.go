@@ -60,7 +60,7 @@ var Vars = []Var{
 	{Name: "REAPER_POWER_OFF_GRACE", Default: durationText(DefaultPowerOffGrace),
 		Doc: "The power-off grace: how long after a terminal exit (with `REAPER_TAG_POD_WRITTEN`: after Reaper's write of its Pod, if later) an instance still running is left to power itself off before Reaper terminates it; 0 to 15m, 0: at once."},
 	{Name: "REAPER_TERMINATE_STOPPED", Default: "true",
-		Doc: "Terminate managed instances that stop: a stopped one-Pod instance does no work and still bills its volumes. With `false` they stay stopped; their Pod is still finalized after the exit-wait window."},
+		Doc: "Terminate managed instances that stop: a stopped one-Pod instance does no work and still bills its volumes. With `false` they stay stopped; their Pod still ends after the exit-wait window."},
 	{Name: "REAPER_EC2_LIMITS", Default: budgetText(model.PublishedBudget()),
 		Doc: "The account's EC2 token buckets, `name=capacity/refill,…` (refill in tokens a second): `describe` (DescribeInstances requests), `terminate` (TerminateInstances requests), `terminate-instances` (instances named in them), `create-tags` (CreateTags requests, the bucket of mutating actions). The default is EC2's published limits; set it for an account whose limits AWS has raised; buckets not named keep the default."},
 	{Name: "REAPER_EC2_SHARE", Default: strconv.FormatFloat(DefaultEC2Share, 'g', -1, 64),
