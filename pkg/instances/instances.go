@@ -70,6 +70,20 @@ func (f *Fleet) Pace(budget model.Budget, waited func(time.Duration)) *Fleet {
 	return f
 }
 
+// SharedBy says that work a paced Fleet leaves (ShareSpent) comes back to
+// any of n Fleets paced alike, as deferred work comes back to any of the
+// reconcilers that run at once: it is spread over the n shares' refill,
+// not this one's alone, so that no share stays idle while another's work
+// waits. A Fleet that takes back work the others left finds its own share
+// short for a while and leaves some again, which comes back when the n
+// shares have refilled for it.
+func (f *Fleet) SharedBy(n int) *Fleet {
+	if f.pacer != nil {
+		f.pacer.sharedBy = max(n, 1)
+	}
+	return f
+}
+
 // EC2 accepts at most this many values in one filter; instance-id filters
 // are used instead of InstanceIds because unknown ids then simply do not
 // match instead of failing the whole call.

@@ -49,6 +49,10 @@ type pacer struct {
 	// waited is called with each wait.
 	waited func(time.Duration)
 
+	// sharedBy is how many pacers alike the work left is spread over
+	// (Fleet.SharedBy).
+	sharedBy int
+
 	mu sync.Mutex
 	// promised is, per limiter, the time until which its refill is
 	// promised to work left earlier (ShareSpent.Ready of the last).
@@ -58,22 +62,25 @@ type pacer struct {
 func newPacer(b model.Budget, waited func(time.Duration)) *pacer {
 	l := func(k model.Bucket) *rate.Limiter { return rate.NewLimiter(rate.Limit(k.Refill), max(k.Capacity, 1)) }
 	return &pacer{describe: l(b.Describe), terminate: l(b.Terminate), terminateInstances: l(b.TerminateInstances), createTags: l(b.CreateTags), waited: waited,
-		promised: map[*rate.Limiter]time.Time{}}
+		sharedBy: 1, promised: map[*rate.Limiter]time.Time{}}
 }
 
 // promise returns when each of n pieces of work left now, in order, will
 // have its token of l, piece i its (i+1)th: after the tokens l holds or
 // has reserved, and after the refill already promised to work left
-// before; the refill up to the last is then promised to them.
+// before; the refill up to the last is then promised to them. The work
+// comes back to any of sharedBy pacers alike: the tokens and the refill
+// counted are theirs together.
 func (p *pacer) promise(l *rate.Limiter, now time.Time, n int) []time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	rate := float64(l.Limit())
+	shares := float64(p.sharedBy)
+	rate := float64(l.Limit()) * shares
 	if n <= 0 || rate <= 0 {
 		return nil
 	}
 	after := func(tokens float64) time.Duration { return time.Duration(max(tokens, 0) / rate * float64(time.Second)) }
-	held := l.TokensAt(now)
+	held := l.TokensAt(now) * shares
 	from, promised := now, p.promised[l].After(now)
 	if promised {
 		from = p.promised[l]

@@ -395,3 +395,31 @@ func TestParseBudget(t *testing.T) {
 		}
 	}
 }
+
+// Work left by one of two Fleets paced alike comes back to either:
+// SharedBy(2) spreads it over both shares' refill, twice as fast as over
+// its own.
+func TestShareSpentSharedBy(t *testing.T) {
+	fleet, _, ids := newFleet(t, 1, 300)
+	budget := model.PublishedBudget()
+	budget.TerminateInstances = model.Bucket{Capacity: 100, Refill: 10}
+	fleet.Pace(budget, nil).SharedBy(2)
+	known := describeAll(t, fleet, ids)
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	res := fleet.Terminate(ctx, ids[:200], known)
+	done := len(res.Outcome)
+	var prev time.Time
+	for i, id := range ids[done:200] {
+		var spent *instances.ShareSpent
+		if !errors.As(res.Left[id], &spent) {
+			t.Fatalf("%s left with %v, want ShareSpent", id, res.Left[id])
+		}
+		if i > 0 {
+			if d := spent.Ready.Sub(prev); d < 45*time.Millisecond || d > 55*time.Millisecond {
+				t.Fatalf("left %d ready %v after the one before, want 50 ms: two shares of 10 a second", i, d)
+			}
+		}
+		prev = spent.Ready
+	}
+}

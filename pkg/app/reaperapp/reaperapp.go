@@ -87,7 +87,7 @@ func New(ctx context.Context, s app.Setup, c Clients) (*reaper.Reaper, error) {
 	if s.Function == metrics.FunctionReconciler {
 		// The reconciler makes the calls that grow with the number of
 		// exits: it paces them below its share of the account's buckets.
-		fleet.Pace(cfg.ReconcilerBudget(), func(d time.Duration) { r.Metrics.Observe(metrics.EC2PacingWait, d) })
+		fleet.Pace(cfg.ReconcilerBudget(), func(d time.Duration) { r.Metrics.Observe(metrics.EC2PacingWait, d) }).SharedBy(cfg.ReconcilerConcurrency)
 	}
 	r.Fleet = fleet
 
