@@ -3,6 +3,7 @@ package reaper
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -305,6 +306,32 @@ func TestWaitsForEC2(t *testing.T) {
 	} {
 		if got := waitsForEC2(tc.err); got != tc.want {
 			t.Errorf("%v: waits for EC2 %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// A client that refuses to wait past the step's deadline before it comes
+// (client-go's rate limiter) ran out of time: the work is deferred, not
+// failed. Without a deadline, or for another error, it is a failure.
+func TestOutOfTime(t *testing.T) {
+	limiter := fmt.Errorf("patch pod: client rate limiter Wait returned an error: %w", errors.New("rate: Wait(n=1) would exceed context deadline"))
+	bounded, cancel := context.WithTimeout(t.Context(), time.Hour)
+	defer cancel()
+	done, cancelDone := context.WithCancel(t.Context())
+	cancelDone()
+	for _, c := range []struct {
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{bounded, limiter, true},
+		{t.Context(), limiter, false},
+		{bounded, errors.New("forbidden"), false},
+		{done, context.Canceled, true},
+		{bounded, context.DeadlineExceeded, false},
+	} {
+		if got := errors.Is(outOfTime(c.ctx, c.err), errNoTime); got != c.want {
+			t.Errorf("outOfTime(%v): out of time %v, want %v", c.err, got, c.want)
 		}
 	}
 }

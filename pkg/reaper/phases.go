@@ -97,15 +97,18 @@ func afterWork(ctx context.Context, t time.Time) (context.Context, context.Cance
 
 // outOfTime marks err as errNoTime when it is the deadline's doing: the
 // step's context is done and the call answered with the context's error,
-// or a client's own refusal to wait past the deadline (client-go's rate
-// limiter). Any other error, even one that came as the deadline passed,
+// or a client refused to wait past the step's deadline (client-go's rate
+// limiter says so before the deadline comes, when its wait would end
+// after it). Any other error, even one that came as the deadline passed,
 // stays a failure.
 func outOfTime(ctx context.Context, err error) error {
-	if err == nil || ctx.Err() == nil {
+	if err == nil {
 		return err
 	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		strings.Contains(err.Error(), "would exceed context deadline") {
+	if _, bounded := ctx.Deadline(); bounded && strings.Contains(err.Error(), "would exceed context deadline") {
+		return errors.Join(errNoTime, err)
+	}
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 		return errors.Join(errNoTime, err)
 	}
 	return err
