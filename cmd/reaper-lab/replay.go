@@ -59,7 +59,7 @@ func runReplay(ctx context.Context, args []string) error {
 		failed = failed || res.Finalized() != len(res.Rows) || res.Leaked() != 0
 	}
 	if failed {
-		return errors.New("some Pods were not finalized or instances leaked")
+		return errors.New("some Pods did not end or instances leaked")
 	}
 	return nil
 }

@@ -161,7 +161,7 @@ func (r Result) Print(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", row.Pod, row.ExitCode, row.Phase, row.Reason, row.Instance, row.State)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\nfinalized %d/%d  terminated %d/%d  leaked %d  handler latency p50 %s p99 %s (%d invocations)\n",
+	fmt.Fprintf(w, "\nended %d/%d  terminated %d/%d  leaked %d  handler latency p50 %s p99 %s (%d invocations)\n",
 		r.Finalized(), len(r.Rows), r.Terminated(), len(r.Rows), r.Leaked(),
 		r.Percentile(50).Round(100*time.Microsecond), r.Percentile(99).Round(100*time.Microsecond), len(r.Latencies))
 	if r.DrainedIn > 0 {

@@ -20,7 +20,7 @@ import (
 // Policy holds the knobs that shape decisions.
 type Policy struct {
 	// ExitWait is how long after an instance is gone a late exit line still
-	// decides the Pod's status; after it the Pod is finalized as lost.
+	// decides the Pod's status; after it the Pod ends lost.
 	ExitWait time.Duration
 	// TerminateStopped terminates managed instances that stop: a stopped
 	// one-Pod instance does no work but still bills its volumes.
