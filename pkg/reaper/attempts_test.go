@@ -87,12 +87,7 @@ func TestWorkThatNeverFinishesIsDeadLettered(t *testing.T) {
 // bucket is free, a later sweep queues it again and the instance is named
 // in exactly one TerminateInstances that EC2 takes.
 func TestDeadLetteredTerminateIsEndedBySweep(t *testing.T) {
-	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
-	w.Pods[podOf(1)] = true
-	w.NoTokens = true
-	core, l, q := newBatchCore(w)
-	dead := &fakes.Queue{}
-	core.DeadLetters = dead
+	w, core, l, q, dead := refusedTerminates()
 	now := testNow()
 	core.Now = func() time.Time { return now }
 	ev := batch(t, exitMsg(1, 0))
@@ -141,16 +136,10 @@ func TestDeadLetteredTerminateIsEndedBySweep(t *testing.T) {
 
 // One count bounds deferrals and receives alike: work deferred six times
 // whose message then failed once (SQS's second receive of it) is on its
-// last attempt, and goes to the dead-letter queue with its instance
-// terminated, instead of circling until SQS's own redrive, which carries
-// no reason.
+// last attempt, and goes to the dead-letter queue with its reason,
+// instead of circling until SQS's own redrive, which carries none.
 func TestReceivesCountAsAttempts(t *testing.T) {
-	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
-	w.Pods[podOf(1)] = true
-	w.NoTokens = true
-	core, _, q := newBatchCore(w)
-	dead := &fakes.Queue{}
-	core.DeadLetters = dead
+	_, core, _, q, dead := refusedTerminates()
 	m := exitMsg(1, 0)
 	m.Attempt = workqueue.MaxAttempts - 2
 	ev := batch(t, m)
@@ -161,6 +150,19 @@ func TestReceivesCountAsAttempts(t *testing.T) {
 	if len(q.Sent) != 0 || len(dead.Sent) != 1 {
 		t.Fatalf("sent %+v, dead letters %+v: want the work dead-lettered on its last attempt", q.Sent, dead.Sent)
 	}
+}
+
+// refusedTerminates is a batch core over one running instance with a live
+// Pod, whose terminates EC2 refuses (w.NoTokens) until a test says
+// otherwise, and its dead-letter queue.
+func refusedTerminates() (*fakes.World, *Reaper, *fakes.Ledger, *fakes.Queue, *fakes.Queue) {
+	w := fakes.NewWorld(owned(instanceOf(1), podOf(1)))
+	w.Pods[podOf(1)] = true
+	w.NoTokens = true
+	core, l, q := newBatchCore(w)
+	dead := &fakes.Queue{}
+	core.DeadLetters = dead
+	return w, core, l, q, dead
 }
 
 // slowMarks is a ledger whose marks take delay each.
